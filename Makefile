@@ -1,0 +1,40 @@
+# Every target bootstraps .venv itself, idempotently. torch is installed first and pinned
+# (TORCH_SPEC=... overrides), so that nothing else pulls an unpinned torch with CUDA packages.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,bench
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
+comma := ,
+
+.PHONY: venv demo test test-all bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: venv
+	$(BIN)/phalanx train ppo CartPole-v1 --num-envs 1024 --stop-return 475 --run-dir runs/demo-cartpole-ppo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-all: venv
+	$(BIN)/python -m pytest -q -m ""
+
+bench: venv
+	$(BIN)/python benchmarks/run_all.py
+
+lint: venv
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

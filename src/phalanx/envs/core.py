@@ -1,0 +1,241 @@
+"""The VecEnv contract: batched environments whose arrays are torch tensors on one device.
+
+Every environment the learner sees is a :class:`VecEnv`. The contract (see DESIGN.md):
+
+- ``reset(seed=None, options=None) -> (obs, info)`` with ``obs`` of shape ``(num_envs, *obs_shape)``,
+  float32, on ``device``.
+- ``step(actions) -> (obs, reward, terminated, truncated, info)``; ``reward`` float32 ``(num_envs,)``,
+  ``terminated``/``truncated`` bool ``(num_envs,)``, all on ``device``.
+- Same-step autoreset: a sub-env whose episode ends is reset inside ``step``. Its ``obs`` row is the
+  first observation of the next episode; ``info["final_obs"]`` is the *true next observation of every
+  row*: the last observation of the finished episode where ``terminated | truncated``, and equal to
+  ``obs`` elsewhere. ``info["_final_obs"]`` is the boolean mask of rows that ended.
+- ``info["episode_return"]`` and ``info["episode_length"]`` are ``(num_envs,)`` tensors, valid where
+  an episode ended (the same mask).
+
+:class:`BatchedVecEnv` implements all of the bookkeeping (autoreset, time limit, episode statistics,
+seeding, checkpointable state) so that a simulator only writes its physics in three methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+Tensor = torch.Tensor
+
+
+def as_device(device: str | torch.device) -> torch.device:
+    """Parse a device string with a useful error instead of torch's bare RuntimeError."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device {device!r} is not a valid torch device ({error}). "
+            "Use 'cpu', 'cuda', 'cuda:0', or 'mps'."
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {str(device)!r} was requested but CUDA is not available on this machine "
+            f"(torch {torch.__version__}). Use --device cpu, or install a CUDA build of torch."
+        )
+    return device
+
+
+class VecEnv(gym.vector.VectorEnv):
+    """Base class of every phalanx environment: a Gymnasium VectorEnv on torch tensors.
+
+    Subclasses set the spaces through ``__init__`` and implement :meth:`reset` and :meth:`step`
+    following the contract in the module docstring. Environments that carry state needed for an
+    exact resume override :meth:`state_dict` and :meth:`load_state_dict`.
+    """
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(
+        self,
+        num_envs: int,
+        single_observation_space: gym.Space,
+        single_action_space: gym.Space,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ValueError(
+                f"{type(self).__name__}: num_envs must be an integer >= 1, got {num_envs!r}."
+            )
+        self.num_envs = int(num_envs)
+        self.device = as_device(device)
+        self.single_observation_space = single_observation_space
+        self.single_action_space = single_action_space
+        self.observation_space = batch_space(single_observation_space, self.num_envs)
+        self.action_space = batch_space(single_action_space, self.num_envs)
+        self.closed = False
+
+    # -- checkpointable state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the exact same trajectories (tensors and primitives)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_envs={self.num_envs}, device={self.device})"
+
+
+class EpisodeStatistics:
+    """Running return and length of every sub-env; reports the finished ones each step.
+
+    Shared by every VecEnv implementation so that the statistics mean the same thing everywhere:
+    the undiscounted sum of the env's own rewards (before any reward scaling wrapper).
+    """
+
+    def __init__(self, num_envs: int, device: torch.device) -> None:
+        self.returns = torch.zeros(num_envs, dtype=torch.float32, device=device)
+        self.lengths = torch.zeros(num_envs, dtype=torch.int64, device=device)
+
+    def step(self, reward: Tensor, done: Tensor) -> tuple[Tensor, Tensor]:
+        """Add one step; return ``(episode_return, episode_length)`` valid where ``done``."""
+        self.returns += reward
+        self.lengths += 1
+        finished_return = self.returns.clone()
+        finished_length = self.lengths.clone()
+        self.returns.masked_fill_(done, 0.0)
+        self.lengths.masked_fill_(done, 0)
+        return finished_return, finished_length
+
+    def reset(self) -> None:
+        self.returns.zero_()
+        self.lengths.zero_()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"returns": self.returns.clone(), "lengths": self.lengths.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.returns.copy_(state["returns"])
+        self.lengths.copy_(state["lengths"])
+
+
+class BatchedVecEnv(VecEnv):
+    """A simulator written as batched tensor operations; subclasses write only the physics.
+
+    Implement three methods, each acting on all ``num_envs`` rows at once:
+
+    - ``_reset_rows(mask)``: draw initial states (using ``self.generator``) for the rows where the
+      boolean ``mask`` is true and leave the others untouched. Use ``torch.where`` rather than boolean
+      indexing so that the step needs no host synchronisation on a GPU.
+    - ``_advance(actions) -> (reward, terminated)``: advance the physics of every row by one step.
+    - ``_observe() -> obs``: the ``(num_envs, *obs_shape)`` float32 observation of the current state.
+
+    The base class handles seeding, the time limit (``max_episode_steps``, as Gymnasium's TimeLimit:
+    ``truncated`` when the step count reaches it, independent of ``terminated``), same-step autoreset
+    with ``info["final_obs"]``, episode statistics and checkpointing of the attributes named in
+    ``state_names`` (``"state"`` by default).
+    """
+
+    state_names: tuple[str, ...] = ("state",)
+
+    def __init__(
+        self,
+        num_envs: int,
+        single_observation_space: gym.Space,
+        single_action_space: gym.Space,
+        device: str | torch.device = "cpu",
+        max_episode_steps: int | None = None,
+    ) -> None:
+        super().__init__(num_envs, single_observation_space, single_action_space, device)
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise ValueError(
+                f"{type(self).__name__}: max_episode_steps must be >= 1 or None, got {max_episode_steps}."
+            )
+        self.max_episode_steps = max_episode_steps
+        self.generator = torch.Generator(device=self.device)
+        self.generator.seed()
+        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
+        if isinstance(single_action_space, gym.spaces.Discrete):
+            self._action_shape: tuple[int, ...] = (self.num_envs,)
+        else:
+            self._action_shape = (self.num_envs, *single_action_space.shape)
+        self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+
+    # -- to implement ----------------------------------------------------------------------------
+    def _reset_rows(self, mask: Tensor) -> None:
+        raise NotImplementedError
+
+    def _advance(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _observe(self) -> Tensor:
+        raise NotImplementedError
+
+    # -- the contract ----------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        self._reset_rows(self._all_rows)
+        self.elapsed_steps.zero_()
+        self.episode_statistics.reset()
+        return self._observe(), {}
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        actions = self._as_actions(actions)
+        reward, terminated = self._advance(actions)
+        self.elapsed_steps += 1
+        if self.max_episode_steps is None:
+            truncated = torch.zeros_like(terminated)
+        else:
+            truncated = self.elapsed_steps >= self.max_episode_steps
+        done = terminated | truncated
+        final_obs = self._observe()  # (N, *obs_shape), the true next observation of every row
+        episode_return, episode_length = self.episode_statistics.step(reward, done)
+        self._reset_rows(done)
+        self.elapsed_steps.masked_fill_(done, 0)
+        obs = torch.where(done.view(-1, *([1] * (final_obs.dim() - 1))), self._observe(), final_obs)
+        info = {
+            "final_obs": final_obs,
+            "_final_obs": done,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+        }
+        return obs, reward, terminated, truncated, info
+
+    def _as_actions(self, actions: Any) -> Tensor:
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(np.asarray(actions), device=self.device)
+        elif actions.device != self.device:
+            actions = actions.to(self.device)
+        if tuple(actions.shape) != self._action_shape:
+            raise ValueError(
+                f"{type(self).__name__}.step: actions have shape {tuple(actions.shape)}, expected "
+                f"{self._action_shape} (num_envs={self.num_envs}, action space "
+                f"{self.single_action_space}). Pass one action per sub-env."
+            )
+        return actions
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).clone() for name in self.state_names}
+        state["elapsed_steps"] = self.elapsed_steps.clone()
+        state["episode_statistics"] = self.episode_statistics.state_dict()
+        state["generator"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.state_names:
+            getattr(self, name).copy_(state[name])
+        self.elapsed_steps.copy_(state["elapsed_steps"])
+        self.episode_statistics.load_state_dict(state["episode_statistics"])
+        self.generator.set_state(state["generator"])
+
+    def uniform(self, low: float, high: float, size: tuple[int, ...]) -> Tensor:
+        """Uniform samples in ``[low, high)`` from this env's seeded generator."""
+        sample = torch.rand(size, generator=self.generator, device=self.device)
+        return low + (high - low) * sample
