@@ -1,0 +1,28 @@
+"""Learning rules. Each file holds one family, readable top to bottom."""
+
+from __future__ import annotations
+
+import difflib
+
+from phalanx.algos.base import Algorithm
+from phalanx.algos.ppo import A2C, PPO
+from phalanx.errors import ConfigError
+
+ALGORITHMS: dict[str, type[Algorithm]] = {algorithm.name: algorithm for algorithm in (PPO, A2C)}
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    """The algorithm class registered under ``name``; unknown names get the closest suggestions."""
+    key = name.lower() if isinstance(name, str) else name
+    if key in ALGORITHMS:
+        return ALGORITHMS[key]
+    close = difflib.get_close_matches(str(key), algorithm_names(), n=3, cutoff=0.4)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(algorithm_names())}.")
+
+
+__all__ = ["ALGORITHMS", "A2C", "PPO", "Algorithm", "algorithm_names", "get_algorithm"]

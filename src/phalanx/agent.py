@@ -1,0 +1,120 @@
+"""Deployment: load a trained agent from a run directory and act, or evaluate it.
+
+``load_agent(run_dir).act(obs)`` takes raw environment observations (numpy or torch, one or a batch)
+and returns actions in the environment's own action space: observation normalisation and action
+rescaling are applied exactly as during training, from the checkpoint alone (no env needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from phalanx.algos import get_algorithm
+from phalanx.config import TrainConfig, load_yaml
+from phalanx.errors import CheckpointError
+from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.evaluator import Evaluation, Evaluator
+from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, spaces_from_spec
+
+
+class Agent:
+    """A trained policy with its observation normalisation and action rescaling."""
+
+    def __init__(self, config: TrainConfig, state: dict[str, Any], device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
+        self.algorithm = get_algorithm(config.algo)(
+            config.hyperparameters, self.observation_space, self._normalized_action_space(), self.device
+        )
+        self.algorithm.load_state_dict(state["algorithm"])
+        statistics = state.get("obs_statistics")
+        self.obs_mean = self.obs_var = None
+        if statistics is not None:
+            self.obs_mean = statistics["mean"].to(self.device, torch.float32)
+            self.obs_var = statistics["var"].to(self.device, torch.float32)
+        self.steps = state["progress"]["steps"]
+
+    def _normalized_action_space(self) -> gym.Space:
+        if isinstance(self.action_space, gym.spaces.Box):
+            return gym.spaces.Box(-1.0, 1.0, self.action_space.shape, dtype=np.float32)
+        return self.action_space
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = True) -> Any:
+        """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single."""
+        is_numpy = not isinstance(obs, torch.Tensor)
+        obs_tensor = torch.as_tensor(np.asarray(obs) if is_numpy else obs, dtype=torch.float32, device=self.device)
+        single = obs_tensor.dim() == len(self.observation_space.shape)
+        if single:
+            obs_tensor = obs_tensor.unsqueeze(0)
+        if obs_tensor.shape[1:] != self.observation_space.shape:
+            raise ValueError(
+                f"Agent.act: observations have shape {tuple(obs_tensor.shape[1:])} per sub-env, expected "
+                f"{self.observation_space.shape} (the training env {self.config.env!r})."
+            )
+        if self.obs_mean is not None:
+            obs_tensor = ((obs_tensor - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-10.0, 10.0)
+        actions = self.algorithm.act(obs_tensor, deterministic=deterministic)
+        if isinstance(self.action_space, gym.spaces.Box):
+            low = torch.as_tensor(self.action_space.low, device=self.device)
+            high = torch.as_tensor(self.action_space.high, device=self.device)
+            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        if single:
+            actions = actions[0]
+        return actions.cpu().numpy() if is_numpy else actions
+
+
+def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+    manager = CheckpointManager(run_dir)
+    if checkpoint in ("best", "latest"):
+        path = manager.best() if checkpoint == "best" else manager.latest()
+        if path is None and checkpoint == "best":
+            path = manager.latest()
+        if path is None:
+            raise CheckpointError(
+                f"run directory {str(run_dir)!r} has no checkpoint yet (checkpoints/ is empty or missing)."
+            )
+        return path
+    return Path(checkpoint)
+
+
+def _load(run_dir: str | Path, checkpoint: str) -> tuple[TrainConfig, dict[str, Any]]:
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
+            "Pass the directory that `phalanx train` created."
+        )
+    config = TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
+    return config, load_checkpoint(_checkpoint_path(run_dir, checkpoint))
+
+
+def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> Agent:
+    """The agent of a run: ``checkpoint`` is "best" (default), "latest", or a checkpoint path."""
+    config, state = _load(run_dir, checkpoint)
+    return Agent(config, state, device)
+
+
+def evaluate(
+    run_dir: str | Path, episodes: int = 10, checkpoint: str = "best", device: str | None = None, seed: int | None = None
+) -> Evaluation:
+    """Run ``episodes`` deterministic episodes of a trained agent on its training environment."""
+    config, state = _load(run_dir, checkpoint)
+    if device is not None:
+        config.device = device
+    agent = Agent(config, state, config.device)
+    env = build_env(config, episodes, training=False)
+    normalizer_state = state.get("obs_statistics")
+    if normalizer_state is not None:
+        from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
+
+        find_wrapper(env, NormalizeObservation).statistics.load_state_dict(normalizer_state)
+    evaluator = Evaluator(env, seed=config.seed + EVAL_SEED_OFFSET if seed is None else seed)
+    return evaluator.evaluate(agent.algorithm)

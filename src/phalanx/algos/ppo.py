@@ -1,0 +1,302 @@
+"""PPO and its sibling A2C: on-policy actor-critic learning from a (T, N) rollout.
+
+The whole learning rule is in :meth:`PPO.update`, top to bottom:
+
+1. value of every true next observation (``next_obs`` is the final observation where an episode
+   ended), so that truncated episodes bootstrap and terminated ones do not;
+2. GAE(lambda) advantages and returns;
+3. ``epochs`` passes of shuffled minibatches over the T*N samples, minimising
+   ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``,
+   with optional value clipping, gradient-norm clipping and a KL early stop.
+
+A2C is the same machinery with one full-batch pass, the plain policy-gradient loss and RMSprop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from phalanx.algos.base import Algorithm
+from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.config import AlgoConfig, TrainConfig, check
+from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, obs_dim
+
+
+@dataclass
+class ActorCriticConfig(AlgoConfig):
+    """Hyperparameters shared by PPO and A2C."""
+
+    horizon: int = 128
+    """Steps each sub-env takes per rollout (rollout size = horizon * num_envs)."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 1 is Monte Carlo with bootstrap, 0 is one-step TD."""
+    normalize_advantages: bool = True
+    """Normalise advantages to zero mean and unit variance in each minibatch."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    max_grad_norm: float | None = 0.5
+    """Clip the global gradient norm to this value (None: no clipping)."""
+    anneal_lr: bool = False
+    """Anneal the learning rate linearly to 0 over total_steps."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (continuous actions)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(isinstance(self.horizon, int) and self.horizon >= 1, "horizon", self.horizon, "an integer >= 1")
+        check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "a value in [0, 1]")
+        check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
+        check(self.value_coef >= 0, "value_coef", self.value_coef, ">= 0")
+        check(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "max_grad_norm",
+            self.max_grad_norm,
+            "a positive number, or None for no clipping",
+        )
+
+
+@dataclass
+class PPOConfig(ActorCriticConfig):
+    """Proximal Policy Optimization (Schulman et al., 2017)."""
+
+    epochs: int = 4
+    """Passes over each rollout."""
+    minibatch_size: int = 256
+    """Samples per gradient step; at most horizon * num_envs."""
+    clip_range: float = 0.2
+    """Probability-ratio clip e in min(r*A, clip(r, 1-e, 1+e)*A)."""
+    clip_value: float | None = None
+    """Clip the value update around the old value by this range (None: no value clipping)."""
+    target_kl: float | None = None
+    """Stop the epochs of an update early once the approximate KL exceeds this (None: never)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        rollout = self.horizon * run.num_envs
+        check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
+        check(
+            isinstance(self.minibatch_size, int) and 1 <= self.minibatch_size <= rollout,
+            "minibatch_size",
+            self.minibatch_size,
+            f"an integer between 1 and the rollout size horizon * num_envs = {self.horizon} * "
+            f"{run.num_envs} = {rollout}; lower minibatch_size or raise horizon or num_envs",
+        )
+        check(0 < self.clip_range < 1, "clip_range", self.clip_range, "a value in (0, 1), e.g. 0.2")
+        check(self.clip_value is None or self.clip_value > 0, "clip_value", self.clip_value, "> 0 or None")
+        check(self.target_kl is None or self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
+
+
+@dataclass
+class A2CConfig(ActorCriticConfig):
+    """Advantage Actor-Critic (Mnih et al., 2016), synchronous, with RMSprop as in the paper."""
+
+    learning_rate: float = 7e-4
+    horizon: int = 5
+    gae_lambda: float = 1.0
+    normalize_advantages: bool = False
+    rmsprop_alpha: float = 0.99
+    """RMSprop smoothing constant."""
+    rmsprop_eps: float = 1e-5
+    """RMSprop epsilon."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(0 < self.rmsprop_alpha < 1, "rmsprop_alpha", self.rmsprop_alpha, "a value in (0, 1)")
+        check(self.rmsprop_eps > 0, "rmsprop_eps", self.rmsprop_eps, "> 0")
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    config_class = PPOConfig
+    on_policy = True
+    config: PPOConfig
+
+    def __init__(
+        self, config: ActorCriticConfig, observation_space: gym.Space, action_space: gym.Space, device: torch.device
+    ) -> None:
+        super().__init__(config, observation_space, action_space, device)
+        in_dim = obs_dim(observation_space)
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.policy: CategoricalPolicy | GaussianPolicy = CategoricalPolicy(
+                in_dim, int(action_space.n), config.hidden_sizes, config.activation
+            )
+        else:
+            self.policy = GaussianPolicy(
+                in_dim, int(action_space.shape[0]), config.hidden_sizes, config.activation, config.log_std_init
+            )
+        self.value = ValueNet(in_dim, config.hidden_sizes, config.activation)
+        self.policy.to(self.device)
+        self.value.to(self.device)
+        self.parameters = [*self.policy.parameters(), *self.value.parameters()]
+        self.optimizer = self.make_optimizer()
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
+
+    # -- acting ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch."""
+        actions, log_probs = self.policy.sample(obs)
+        return actions, log_probs, self.value(obs)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        actions, _ = self.policy.sample(obs, deterministic=deterministic)
+        return actions
+
+    # -- learning --------------------------------------------------------------------------------
+    def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
+        config = self.config
+        horizon, num_envs = rollout.rewards.shape
+        if config.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
+
+        # 1-2. Advantages from the value of each step's true next observation.
+        with torch.no_grad():
+            next_values = self.value(rollout.next_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
+        advantages, returns = compute_gae(
+            rollout.rewards,
+            rollout.values,
+            next_values,
+            rollout.terminated,
+            rollout.dones,
+            config.gamma,
+            config.gae_lambda,
+        )
+
+        obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
+        actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
+        old_log_probs = rollout.log_probs.flatten()  # (T*N,)
+        old_values = rollout.values.flatten()
+        advantages = advantages.flatten()
+        returns = returns.flatten()
+        batch_size = obs.shape[0]
+
+        # 3. Minibatch epochs.
+        sums: dict[str, torch.Tensor] = {}
+        num_steps = 0
+        for _epoch in range(self.num_epochs()):
+            for index in torch.randperm(batch_size, device=self.device).split(self.minibatch_size(batch_size)):
+                log_probs, entropy = self.policy.log_prob_entropy(obs[index], actions[index])
+                log_ratio = log_probs - old_log_probs[index]
+                ratio = log_ratio.exp()
+                minibatch_advantages = advantages[index]
+                if config.normalize_advantages and len(index) > 1:
+                    minibatch_advantages = (minibatch_advantages - minibatch_advantages.mean()) / (
+                        minibatch_advantages.std() + 1e-8
+                    )
+                policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, minibatch_advantages)
+                value_loss = self.value_loss(self.value(obs[index]), old_values[index], returns[index])
+                entropy_mean = entropy.mean()
+                loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
+
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if config.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(self.parameters, config.max_grad_norm)
+                self.optimizer.step()
+
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()  # unbiased KL estimator (Schulman)
+                    step_metrics = {
+                        "policy_loss": policy_loss.detach(),
+                        "value_loss": value_loss.detach(),
+                        "entropy": entropy_mean.detach(),
+                        "approx_kl": approx_kl,
+                        **policy_metrics,
+                    }
+                for key, value in step_metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                num_steps += 1
+            if self.stop_early(approx_kl):
+                break
+
+        metrics = {key: value / num_steps for key, value in sums.items()}
+        with torch.no_grad():
+            explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
+        metrics["explained_variance"] = explained
+        metrics["learning_rate"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
+        metrics["gradient_steps"] = torch.tensor(float(num_steps))
+        return metrics
+
+    # The pieces where A2C differs.
+    def num_epochs(self) -> int:
+        return self.config.epochs
+
+    def minibatch_size(self, batch_size: int) -> int:
+        return self.config.minibatch_size
+
+    def policy_loss(
+        self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A), averaged; and the clipped fraction."""
+        e = self.config.clip_range
+        loss = -torch.min(ratio * advantages, ratio.clamp(1 - e, 1 + e) * advantages).mean()
+        with torch.no_grad():
+            clip_fraction = ((ratio - 1).abs() > e).float().mean()
+        return loss, {"clip_fraction": clip_fraction}
+
+    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+        """Squared error to the GAE returns; with clip_value, the pessimum of clipped and unclipped."""
+        loss = (values - returns).pow(2)
+        if self.config.clip_value is not None:
+            clipped = old_values + (values - old_values).clamp(-self.config.clip_value, self.config.clip_value)
+            loss = torch.max(loss, (clipped - returns).pow(2))
+        return 0.5 * loss.mean()
+
+    def stop_early(self, approx_kl: torch.Tensor) -> bool:
+        target = self.config.target_kl
+        return target is not None and bool(approx_kl > target)  # one host sync per epoch, only if set
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.state_dict(),
+            "value": self.value.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class A2C(PPO):
+    """A2C: one full-batch pass per rollout, -log pi(a|s) * A, RMSprop."""
+
+    name = "a2c"
+    config_class = A2CConfig
+    config: A2CConfig
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        config = self.config
+        return torch.optim.RMSprop(
+            self.parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
+        )
+
+    def num_epochs(self) -> int:
+        return 1
+
+    def minibatch_size(self, batch_size: int) -> int:
+        return batch_size
+
+    def policy_loss(
+        self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return -(log_probs * advantages).mean(), {}
+
+    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (values - returns).pow(2).mean()
+
+    def stop_early(self, approx_kl: torch.Tensor) -> bool:
+        return False

@@ -1,0 +1,240 @@
+"""The ``phalanx`` command: train, eval, resume, envs, check-env.
+
+``phalanx train ALGO ENV`` starts from the algorithm's defaults, applies the shipped preset for that
+pair, then ``--config FILE``, then the flags; every flag is generated from the config dataclasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from phalanx.errors import PhalanxError
+
+console = Console(stderr=True)
+
+USAGE = """usage: phalanx COMMAND ...
+
+commands:
+  train ALGO ENV [--num-envs N] [--total-steps N] [--seed S] [--device D] [--run-dir DIR]
+                 [--stop-return R] [--config FILE] [--<hyperparameter> VALUE ...]
+                                   train an agent (phalanx train ALGO ENV --help lists every flag)
+  eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
+                                   evaluate a trained agent with its deterministic policy
+  resume RUN_DIR [--total-steps N] continue a run from its latest checkpoint
+  envs                             list the environment ids
+  check-env MODULE:FACTORY [--num-envs N] [--device D] [--steps N]
+                                   check that your VecEnv follows the contract
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": cmd_train, "eval": cmd_eval, "resume": cmd_resume, "envs": cmd_envs, "check-env": cmd_check_env}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from phalanx import __version__
+
+        print(f"phalanx {__version__}")
+        return 0
+    command = commands.get(argv[0])
+    if command is None:
+        import difflib
+
+        close = difflib.get_close_matches(argv[0], list(commands), n=1)
+        hint = f" Did you mean `phalanx {close[0]}`?" if close else ""
+        console.print(f"[bold red]error:[/] unknown command {argv[0]!r}.{hint}\n{USAGE}")
+        return 2
+    try:
+        return command(argv[1:])
+    except PhalanxError as error:
+        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+
+
+# -- train ----------------------------------------------------------------------------------------
+def cli_config_class(algorithm: Any) -> type:
+    """TrainConfig with the algorithm's own hyperparameter class, so tyro generates its flags."""
+    import tyro
+
+    from phalanx.config import TrainConfig
+
+    return dataclasses.make_dataclass(
+        f"{algorithm.config_class.__name__}Run",
+        [
+            ("algo", tyro.conf.Suppress[str], dataclasses.field(default="")),
+            ("env", tyro.conf.Suppress[str], dataclasses.field(default="")),
+            ("hyperparameters", algorithm.config_class, dataclasses.field(default_factory=algorithm.config_class)),
+        ],
+        bases=(TrainConfig,),
+    )
+
+
+def parse_train_args(argv: list[str]) -> Any:
+    """``ALGO ENV [--config FILE] [flags]`` -> a validated TrainConfig."""
+    import tyro
+
+    from phalanx.algos import algorithm_names, get_algorithm
+    from phalanx.config import TrainConfig, load_yaml, make_config, presets
+
+    positional = [a for a in argv[:2] if not a.startswith("-")]
+    if len(positional) < 2:
+        if any(a in ("-h", "--help") for a in argv) and len(positional) == 1:
+            pass  # `phalanx train ppo --help`: show the flags with the algorithm's defaults
+        else:
+            lines = [f"  {name:<6} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
+            raise PhalanxError(
+                "`phalanx train` needs an algorithm and an environment: phalanx train ALGO ENV [flags], "
+                "e.g. `phalanx train ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
+            )
+    algo = positional[0]
+    env = positional[1] if len(positional) > 1 else ""
+    rest = argv[len(positional) :]
+    algorithm = get_algorithm(algo)
+
+    settings: dict[str, Any] = {}
+    if "--config" in rest:
+        index = rest.index("--config")
+        if index + 1 >= len(rest):
+            raise PhalanxError("--config needs a YAML file path: --config my_run.yaml")
+        settings = load_yaml(rest[index + 1])
+        for key in ("algo", "env"):
+            if key in settings and settings.pop(key) not in (algo, env):
+                raise PhalanxError(
+                    f"config file {rest[index + 1]!r} sets {key}, which disagrees with the command line "
+                    f"({algo} {env}); remove it from the file or change the command."
+                )
+        rest = rest[:index] + rest[index + 2 :]
+    default = make_config(algorithm.name, env, where="--config file" if settings else "arguments", **settings)
+    cls = cli_config_class(algorithm)
+    base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
+    parsed = tyro.cli(
+        cls,
+        args=rest,
+        default=cls(**base),
+        prog=f"phalanx train {algorithm.name} {env or 'ENV'}",
+        description=f"Train {algorithm.name.upper()} on {env or 'ENV'} (defaults include the shipped preset).",
+        config=(tyro.conf.OmitArgPrefixes,),
+    )
+    config = TrainConfig(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(TrainConfig)})
+    config.validate()
+    return config
+
+
+def cmd_train(argv: list[str]) -> int:
+    from phalanx.train.trainer import Trainer, TrainingInterrupted
+
+    config = parse_train_args(argv)
+    trainer = Trainer(config)
+    console.print(f"run directory: [bold]{trainer.run_dir}[/]", highlight=False)
+    try:
+        result = trainer.train()
+    except TrainingInterrupted as interrupted:
+        console.print(f"[yellow]{interrupted}[/]", highlight=False)
+        return 130
+    return 0 if config.stop_return is None or result.summary["time_to_stop_return_s"] is not None else 1
+
+
+# -- eval / resume --------------------------------------------------------------------------------
+def cmd_eval(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="phalanx eval", description="Evaluate a trained agent deterministically.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
+    parser.add_argument("--video", action="store_true", help="also record one episode to RUN_DIR/videos/ (GIF)")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        raise PhalanxError(f"--episodes must be >= 1, got {args.episodes}.")
+    from phalanx.agent import evaluate
+
+    evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
+    table = Table(title=f"evaluation of {args.run_dir} ({args.checkpoint})", show_header=False)
+    table.add_row("episodes", str(len(evaluation.returns)))
+    table.add_row("return mean", f"{evaluation.mean:.3f}")
+    table.add_row("return std", f"{evaluation.std:.3f}")
+    table.add_row("length mean", f"{sum(evaluation.lengths) / len(evaluation.lengths):.1f}")
+    Console().print(table)
+    if args.video:
+        from phalanx.video import record_video
+
+        path = record_video(args.run_dir, args.checkpoint)
+        console.print(f"video: {path}")
+    return 0
+
+
+def cmd_resume(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="phalanx resume", description="Continue a run from its latest checkpoint.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
+    args = parser.parse_args(argv)
+    from phalanx.train.trainer import TrainingInterrupted, resume
+
+    try:
+        resume(args.run_dir, args.total_steps)
+    except TrainingInterrupted as interrupted:
+        console.print(f"[yellow]{interrupted}[/]", highlight=False)
+        return 130
+    return 0
+
+
+# -- envs / check-env ------------------------------------------------------------------------------
+def cmd_envs(argv: list[str]) -> int:
+    from phalanx.envs.registry import list_envs
+
+    envs = list_envs()
+    out = Console()
+    out.print("[bold]built-in batched envs[/] (torch, any num_envs, CPU or CUDA):")
+    out.print("  " + ", ".join(envs["builtin"]))
+    if envs["registered"]:
+        out.print("[bold]registered[/]: " + ", ".join(envs["registered"]))
+    out.print(f"[bold]Gymnasium ids[/] ({len(envs['gymnasium'])}, stepped through the Gymnasium adapter):")
+    out.print("  " + ", ".join(envs["gymnasium"]), highlight=False)
+    return 0
+
+
+def cmd_check_env(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="phalanx check-env", description="Check a VecEnv factory against the phalanx VecEnv contract."
+    )
+    parser.add_argument("factory", help="module.path:callable returning a phalanx VecEnv")
+    parser.add_argument("--num-envs", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path.cwd()))
+    from phalanx.envs.check import check_vec_env
+    from phalanx.envs.registry import load_factory
+
+    factory = load_factory(args.factory)
+    accepted = inspect.signature(factory).parameters
+    kwargs = {k: v for k, v in (("num_envs", args.num_envs), ("device", args.device)) if k in accepted}
+    try:
+        env = factory(**kwargs)
+    except PhalanxError:
+        raise
+    except Exception as error:
+        raise PhalanxError(
+            f"{args.factory}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) raised "
+            f"{type(error).__name__}: {error}. The factory must build and return the VecEnv."
+        ) from None
+    report = check_vec_env(env, num_steps=args.steps)
+    Console().print(f"[green]ok[/]: {args.factory} follows the VecEnv contract. {report}", highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

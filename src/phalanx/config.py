@@ -1,0 +1,248 @@
+"""Typed configuration: one dataclass field per setting, documented once, validated once.
+
+A run is described by a :class:`TrainConfig` (what to train, where, for how long, how to log) whose
+``hyperparameters`` field holds the algorithm's own dataclass (``PPOConfig``, ``A2CConfig``, ...,
+defined next to each learning rule in ``phalanx.algos``). The CLI flags are generated from these
+dataclasses, presets and YAML files fill the same fields, and ``config.yaml`` in a run directory is
+the full resolved config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx.errors import ConfigError
+
+
+@dataclass
+class AlgoConfig:
+    """Hyperparameters every algorithm has. Algorithm configs subclass this."""
+
+    learning_rate: float = 3e-4
+    """Optimiser learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy and value networks."""
+    activation: str = "tanh"
+    """Hidden activation: tanh, relu, elu, silu or gelu."""
+
+    def validate(self, run: TrainConfig) -> None:
+        """Raise ConfigError for impossible values; ``run`` gives the context (num_envs, ...)."""
+        check(self.learning_rate > 0, "learning_rate", self.learning_rate, "a positive number, e.g. 3e-4")
+        check(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "a discount factor in [0, 1], e.g. 0.99")
+        check(
+            all(isinstance(width, int) and width >= 1 for width in self.hidden_sizes),
+            "hidden_sizes",
+            self.hidden_sizes,
+            "positive integer layer widths, e.g. 64 64",
+        )
+        activations = ("tanh", "relu", "elu", "silu", "gelu")
+        check(self.activation in activations, "activation", self.activation, f"one of {activations}")
+
+
+@dataclass
+class TrainConfig:
+    """A training run: the environment, the algorithm and its hyperparameters, budget and logging."""
+
+    algo: str = ""
+    """Algorithm name (see `phalanx train --help`)."""
+    env: str = ""
+    """Environment id: a built-in id, a Gymnasium id, or one registered with phalanx.envs.register_env."""
+    num_envs: int = 64
+    """Sub-environments stepped as one batch."""
+    total_steps: int = 1_000_000
+    """Training budget in environment steps, counted over all sub-environments."""
+    seed: int = 0
+    """Seed of the environments, network initialisation and sampling."""
+    device: str = "cpu"
+    """Torch device for environments, networks and buffers: cpu, cuda, cuda:1, ..."""
+    run_dir: str | None = None
+    """Run directory; default runs/<env>__<algo>__s<seed>__<yyyymmdd-hhmmss>."""
+    stop_return: float | None = None
+    """Stop when the deterministic evaluation mean return reaches this value."""
+    eval_every: int = 50_000
+    """Environment steps between evaluations (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation, run as parallel sub-environments with the deterministic policy."""
+    checkpoint_every: int = 0
+    """Environment steps between checkpoints (0: only at the end and at each new best evaluation)."""
+    keep_checkpoints: int = 3
+    """How many step_<n> checkpoints to keep (the best one is kept in addition)."""
+    normalize_obs: bool = False
+    """Normalise observations with running statistics on the device (saved in checkpoints)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running standard deviation of the discounted return."""
+    log_every: int = 10_000
+    """Environment steps between rows of metrics.csv and console updates."""
+    torch_threads: int = 0
+    """torch.set_num_threads for this run (0: leave torch's default)."""
+    hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)
+    """The algorithm's hyperparameters."""
+
+    def validate(self) -> None:
+        """Check every field; raise ConfigError naming the field, the value and the fix."""
+        from phalanx.algos import algorithm_names, get_algorithm
+
+        check(self.algo in algorithm_names(), "algo", self.algo, f"one of {algorithm_names()}")
+        expected = get_algorithm(self.algo).config_class
+        if type(self.hyperparameters) is not expected:
+            raise ConfigError(
+                f"hyperparameters for algo {self.algo!r} must be a {expected.__name__}, got "
+                f"{type(self.hyperparameters).__name__}. Build the config with "
+                f"phalanx.make_config({self.algo!r}, env) or pass {expected.__name__}(...)."
+            )
+        check(bool(self.env), "env", self.env, "an environment id such as 'CartPole-v1' (see `phalanx envs`)")
+        check(_is_int(self.num_envs) and self.num_envs >= 1, "num_envs", self.num_envs, "an integer >= 1")
+        check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
+        check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        check(_is_int(self.eval_episodes) and self.eval_episodes >= 1, "eval_episodes", self.eval_episodes, ">= 1")
+        check(
+            _is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
+            "checkpoint_every",
+            self.checkpoint_every,
+            ">= 0",
+        )
+        check(
+            _is_int(self.keep_checkpoints) and self.keep_checkpoints >= 1,
+            "keep_checkpoints",
+            self.keep_checkpoints,
+            ">= 1 (the latest checkpoint is needed to resume)",
+        )
+        check(_is_int(self.log_every) and self.log_every >= 1, "log_every", self.log_every, ">= 1")
+        check(_is_int(self.torch_threads) and self.torch_threads >= 0, "torch_threads", self.torch_threads, ">= 0")
+        self.hyperparameters.validate(self)
+
+    # -- dict/YAML round trip --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hyperparameters"}
+        data["hyperparameters"] = {
+            f.name: _plain(getattr(self.hyperparameters, f.name))
+            for f in dataclasses.fields(self.hyperparameters)
+        }
+        return {key: _plain(value) for key, value in data.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
+        """Build from a (possibly partial) dict with ``algo`` and ``env``; unknown keys are errors."""
+        if "algo" not in data or "env" not in data:
+            raise ConfigError(f"{where}: needs 'algo' and 'env' keys, got keys {sorted(data)}.")
+        return make_config(data["algo"], data["env"], where=where, **{k: v for k, v in data.items() if k not in ("algo", "env")})
+
+
+def check(condition: bool, name: str, value: Any, expected: str) -> None:
+    """Raise a ConfigError saying which setting is wrong, its value, and what it must be."""
+    if not condition:
+        flag = "--" + name.replace("_", "-")
+        raise ConfigError(f"{name} = {value!r} is invalid: expected {expected}. Fix it with {flag} or in the config file.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _plain(value: Any) -> Any:
+    """Convert tuples (and nested) to lists so that YAML stays plain."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _coerce(cls: type, name: str, value: Any) -> Any:
+    """YAML gives lists where the dataclass wants tuples."""
+    field_type = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    if isinstance(value, list) and "tuple" in str(field_type):
+        return tuple(value)
+    return value
+
+
+def presets(algo: str) -> dict[str, dict[str, Any]]:
+    """The tuned presets shipped for an algorithm: {env_id: partial config dict}."""
+    path = resources.files("phalanx") / "presets" / f"{algo}.yaml"
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def make_config(algo: str, env: str, *, use_preset: bool = True, where: str = "arguments", **overrides: Any) -> TrainConfig:
+    """The config for ``algo`` on ``env``: defaults, then the shipped preset, then ``overrides``.
+
+    Overrides may name any TrainConfig field or any hyperparameter of the algorithm, flat
+    (``learning_rate=1e-3``) or nested (``hyperparameters={"learning_rate": 1e-3}``).
+    """
+    from phalanx.algos import get_algorithm
+
+    algorithm = get_algorithm(algo)
+    merged: dict[str, Any] = {}
+    if use_preset:
+        merged = _merge(merged, presets(algorithm.name).get(env, {}))
+    merged = _merge(merged, dict(overrides))
+
+    run_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"algo", "env", "hyperparameters"}
+    hp_fields = {f.name for f in dataclasses.fields(algorithm.config_class)}
+    run_values: dict[str, Any] = {}
+    hp_values: dict[str, Any] = dict(merged.pop("hyperparameters", None) or {})
+    for key, value in merged.items():
+        if key in run_fields:
+            run_values[key] = value
+        elif key in hp_fields:
+            hp_values[key] = value
+        else:
+            _unknown_key(key, run_fields | hp_fields, algorithm.name, where)
+    for key in hp_values:
+        if key not in hp_fields:
+            _unknown_key(key, hp_fields, algorithm.name, where)
+    hyperparameters = algorithm.config_class(
+        **{k: _coerce(algorithm.config_class, k, v) for k, v in hp_values.items()}
+    )
+    return TrainConfig(algo=algorithm.name, env=env, hyperparameters=hyperparameters, **run_values)
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if key == "hyperparameters" and isinstance(value, dict):
+            merged[key] = {**(merged.get(key) or {}), **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _unknown_key(key: str, valid: set[str], algo: str, where: str) -> None:
+    close = difflib.get_close_matches(key, sorted(valid), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"{where}: unknown setting {key!r} for algo {algo!r}.{hint} Valid settings: {', '.join(sorted(valid))}."
+    )
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a dict, with errors that name the file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist. Check the path passed to --config.") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of settings (key: value), got a {type(data).__name__}."
+        )
+    return data
+
+
+def save_yaml(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,190 @@
+"""Run logging: metrics.csv, TensorBoard, a rich progress display, and the learning curve."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+FIRST_COLUMNS = [
+    "steps",
+    "wall_time_s",
+    "steps_per_second",
+    "episode_return_mean",
+    "episode_length_mean",
+    "eval_return_mean",
+    "eval_return_std",
+]
+
+
+class RunLogger:
+    """Writes one row per log step to metrics.csv and TensorBoard, and shows live progress.
+
+    Columns are fixed by the first row (plus the evaluation columns, empty when there was none);
+    a resumed run appends to the existing file with its header.
+    """
+
+    def __init__(self, run_dir: Path, total_steps: int, show_progress: bool = True, tensorboard: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.csv_path = self.run_dir / "metrics.csv"
+        self.columns: list[str] | None = None
+        if self.csv_path.is_file():
+            with self.csv_path.open() as file:
+                header = file.readline().strip()
+            self.columns = header.split(",") if header else None
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir))
+        self.console = Console(stderr=True)
+        self.progress: Progress | None = None
+        self.total_steps = total_steps
+        self.last_return = "-"
+        if show_progress:
+            self.progress = Progress(
+                TextColumn("[bold]training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("steps"),
+                TextColumn("{task.fields[fps]} steps/s"),
+                TextColumn("return {task.fields[ret]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self.task = self.progress.add_task("train", total=total_steps, fps="-", ret="-")
+            self.progress.start()
+
+    def log(self, row: dict[str, Any]) -> None:
+        row = {key: _scalar(value) for key, value in row.items()}
+        if self.columns is None:
+            extra = sorted(key for key in row if key not in FIRST_COLUMNS)
+            self.columns = FIRST_COLUMNS + extra
+            with self.csv_path.open("w", newline="") as file:
+                csv.writer(file).writerow(self.columns)
+        with self.csv_path.open("a", newline="") as file:
+            csv.writer(file).writerow(["" if row.get(key) is None else row.get(key) for key in self.columns])
+        if self.writer is not None:
+            step = int(row["steps"])
+            for key, value in row.items():
+                if key != "steps" and isinstance(value, (int, float)) and value is not None:
+                    self.writer.add_scalar(_tensorboard_tag(key), value, step)
+        if self.progress is not None:
+            recent = row.get("eval_return_mean") or row.get("episode_return_mean")
+            if recent is not None:
+                self.last_return = f"{recent:.1f}"
+            fps = row.get("steps_per_second")
+            self.progress.update(
+                self.task,
+                completed=min(int(row["steps"]), self.total_steps),
+                fps=f"{fps:,.0f}" if fps else "-",
+                ret=self.last_return,
+            )
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def summary_table(self, summary: dict[str, Any]) -> None:
+        table = Table(title="phalanx run summary", show_header=False)
+        for key in (
+            "env",
+            "algo",
+            "seed",
+            "total_steps",
+            "wall_time_s",
+            "steps_per_second",
+            "time_to_stop_return_s",
+            "eval_return_mean",
+            "eval_return_std",
+            "best_eval_return",
+            "run_dir",
+        ):
+            value = summary.get(key)
+            if isinstance(value, float):
+                value = f"{value:,.3f}" if abs(value) < 1e6 else f"{value:,.0f}"
+            table.add_row(key, "-" if value is None else str(value))
+        Console().print(table)
+
+
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _tensorboard_tag(key: str) -> str:
+    if key.startswith("eval_"):
+        return f"eval/{key[5:]}"
+    if key.startswith("episode_"):
+        return f"rollout/{key}"
+    if key in ("wall_time_s", "steps_per_second", "episodes", "updates"):
+        return f"time/{key}"
+    return f"train/{key}"
+
+
+def plot_curve(run_dir: Path, title: str) -> Path | None:
+    """Draw curve.png from metrics.csv: training episode return and evaluation return vs steps."""
+    csv_path = Path(run_dir) / "metrics.csv"
+    if not csv_path.is_file():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open() as file:
+        rows = list(csv.DictReader(file))
+
+    def series(key: str) -> tuple[list[float], list[float]]:
+        points = [(float(r["steps"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    figure, axis = plt.subplots(figsize=(7, 4.2), dpi=110)
+    steps, values = series("episode_return_mean")
+    if steps:
+        axis.plot(steps, values, label="training episodes (stochastic)", alpha=0.7)
+    steps, values = series("eval_return_mean")
+    if steps:
+        std = series("eval_return_std")[1]
+        axis.plot(steps, values, marker="o", label="evaluation (deterministic)")
+        if len(std) == len(values):
+            axis.fill_between(
+                steps, [v - s for v, s in zip(values, std)], [v + s for v, s in zip(values, std)], alpha=0.2
+            )
+    axis.set_xlabel("environment steps")
+    axis.set_ylabel("episode return")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    path = Path(run_dir) / "curve.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+class Stopwatch:
+    """Wall time of a run, continued across resumes."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.start = time.perf_counter() - offset
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start

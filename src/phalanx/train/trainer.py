@@ -1,0 +1,380 @@
+"""train(config): environment -> worker -> learner -> evaluator, with logging, checkpoints and resume.
+
+The loop is synchronous: the worker collects a rollout, the learner updates on it, and every
+``eval_every`` steps the evaluator runs the deterministic policy; every step of it stays on the device
+except the scalars that are logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from phalanx.algos import get_algorithm
+from phalanx.algos.base import Algorithm
+from phalanx.buffers import RolloutBuffer
+from phalanx.config import TrainConfig, load_yaml, save_yaml
+from phalanx.envs.core import VecEnv, as_device
+from phalanx.envs.registry import make_env
+from phalanx.envs.wrappers import NanGuard, NormalizeObservation, RescaleAction, ScaleReward, find_wrapper
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.evaluator import Evaluation, Evaluator
+from phalanx.train.learner import Learner
+from phalanx.train.logging import RunLogger, Stopwatch, plot_curve
+from phalanx.train.worker import Worker
+
+EVAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+# -- environments -------------------------------------------------------------------------------
+def build_env(
+    config: TrainConfig, num_envs: int, training: bool, obs_statistics: Any | None = None
+) -> VecEnv:
+    """The env the algorithm sees: NaN guard, actions in [-1, 1], optional normalisation."""
+    env: VecEnv = NanGuard(make_env(config.env, num_envs=num_envs, device=config.device))
+    if isinstance(env.single_action_space, gym.spaces.Box):
+        env = RescaleAction(env)
+    if config.normalize_obs:
+        env = NormalizeObservation(env, statistics=obs_statistics, update=training)
+    if config.normalize_reward and training:
+        env = ScaleReward(env, gamma=config.hyperparameters.gamma)
+    return env
+
+
+def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict[str, Any]:
+    """The spaces as tensors and primitives, so that a checkpoint can rebuild the agent without the env."""
+    spec: dict[str, Any] = {
+        "observation_shape": list(observation_space.shape),
+        "observation_low": torch.as_tensor(observation_space.low),
+        "observation_high": torch.as_tensor(observation_space.high),
+    }
+    if isinstance(action_space, gym.spaces.Discrete):
+        spec["action"] = {"type": "discrete", "n": int(action_space.n)}
+    else:
+        spec["action"] = {
+            "type": "box",
+            "low": torch.as_tensor(action_space.low),
+            "high": torch.as_tensor(action_space.high),
+        }
+    return spec
+
+
+def spaces_from_spec(spec: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
+    observation_space = gym.spaces.Box(
+        spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype="float32"
+    )
+    action = spec["action"]
+    if action["type"] == "discrete":
+        return observation_space, gym.spaces.Discrete(action["n"])
+    return observation_space, gym.spaces.Box(action["low"].numpy(), action["high"].numpy(), dtype="float32")
+
+
+# -- run directories ----------------------------------------------------------------------------
+def default_run_dir(config: TrainConfig) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe_env = re.sub(r"[^A-Za-z0-9_.-]", "_", config.env)
+    base = Path("runs") / f"{safe_env}__{config.algo}__s{config.seed}__{stamp}"
+    candidate, suffix = base, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base.with_name(f"{base.name}_{suffix}")
+    return candidate
+
+
+def create_run_dir(config: TrainConfig) -> Path:
+    run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already exists and is not empty; phalanx never overwrites a run. "
+            f"Continue it with `phalanx resume {run_dir}`, or choose another --run-dir."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+# -- the trainer --------------------------------------------------------------------------------
+class Trainer:
+    """Owns one run: its envs, algorithm, worker, learner, evaluator, logger and checkpoints."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path | None = None, show_progress: bool = True) -> None:
+        config.validate()
+        self.config = config
+        self.device = as_device(config.device)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+
+        # Everything that can fail on bad input happens before the run directory is created.
+        self.env = build_env(config, config.num_envs, training=True)
+        algorithm_class = get_algorithm(config.algo)
+        algorithm_class.check_spaces(self.env.single_observation_space, self.env.single_action_space)
+        normalizer = find_wrapper(self.env, NormalizeObservation)
+        self.obs_statistics = normalizer.statistics if normalizer is not None else None
+        self.eval_env = build_env(config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics)
+        self.algorithm: Algorithm = algorithm_class(
+            config.hyperparameters, self.env.single_observation_space, self.env.single_action_space, self.device
+        )
+        self.spaces = space_spec(self.env.single_observation_space, self.env.single_action_space)
+        hp = config.hyperparameters
+        self.buffer = RolloutBuffer(
+            hp.horizon,
+            config.num_envs,
+            self.env.single_observation_space.shape,
+            self.env.single_action_space.shape,
+            torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
+            self.device,
+        )
+        self.worker = Worker(self.env, self.algorithm)
+        self.learner = Learner(self.algorithm, self.buffer)
+        self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
+
+        self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
+        self.config.run_dir = str(self.run_dir)
+        self.checkpoints = CheckpointManager(self.run_dir, keep=config.keep_checkpoints)
+        self.show_progress = show_progress
+
+        self.steps = 0
+        self.wall_offset = 0.0
+        self.time_to_stop_return: float | None = None
+        self.last_evaluation: Evaluation | None = None
+        self.last_evaluation_step = -1
+        self.next_eval = config.eval_every if config.eval_every else math.inf
+        self.next_checkpoint = config.checkpoint_every if config.checkpoint_every else math.inf
+        self.next_log = 0
+        self.worker.reset(seed=config.seed)
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "config": self.config.to_dict(),
+            "spaces": self.spaces,
+            "algorithm": self.algorithm.state_dict(),
+            "env": self.env.state_dict(),
+            "obs_statistics": self.obs_statistics.state_dict() if self.obs_statistics is not None else None,
+            "worker": self.worker.state_dict(),
+            "rng": rng,
+            "progress": {
+                "steps": self.steps,
+                "updates": self.learner.updates,
+                "wall_time_s": self.stopwatch(),
+                "best_eval_return": self.evaluator.best_return,
+                "time_to_stop_return_s": self.time_to_stop_return,
+                "next_eval": self.next_eval,
+                "next_checkpoint": self.next_checkpoint,
+                "next_log": self.next_log,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.env.load_state_dict(state["env"])
+        self.worker.load_state_dict({"obs": state["worker"]["obs"].to(self.device)})
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        progress = state["progress"]
+        self.steps = progress["steps"]
+        self.learner.updates = progress["updates"]
+        self.wall_offset = progress["wall_time_s"]
+        self.evaluator.best_return = progress["best_eval_return"]
+        self.time_to_stop_return = progress["time_to_stop_return_s"]
+        self.next_eval = progress["next_eval"]
+        self.next_checkpoint = progress["next_checkpoint"]
+        self.next_log = progress["next_log"]
+
+    def save(self) -> Path:
+        return self.checkpoints.save(self.steps, self.state_dict())
+
+    # -- the loop --------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        config = self.config
+        save_yaml(config, self.run_dir / "config.yaml")
+        self.stopwatch = Stopwatch(self.wall_offset)
+        self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
+        steps_per_iteration = config.hyperparameters.horizon * config.num_envs
+        reached = False
+        try:
+            last_time, last_steps = self.stopwatch(), self.steps
+            while self.steps < config.total_steps and not reached:
+                self.worker.collect(self.buffer)
+                self.steps += steps_per_iteration
+                metrics = self.learner.update(progress=min(self.steps / config.total_steps, 1.0))
+
+                row: dict[str, Any] = {}
+                if self.steps >= self.next_eval:
+                    while self.next_eval <= self.steps:
+                        self.next_eval += config.eval_every
+                    row.update(self.evaluate())
+                    reached = self.reached_stop_return()
+                if self.steps >= self.next_log or row:
+                    now = self.stopwatch()
+                    row = {
+                        "steps": self.steps,
+                        "wall_time_s": now,
+                        "steps_per_second": (self.steps - last_steps) / max(now - last_time, 1e-9),
+                        "updates": self.learner.updates,
+                        **self.worker.episodes.read(),
+                        **metrics,
+                        **row,
+                    }
+                    self.logger.log(row)
+                    last_time, last_steps = now, self.steps
+                    while self.next_log <= self.steps:
+                        self.next_log += config.log_every
+                if self.steps >= self.next_checkpoint:
+                    self.save()
+                    while self.next_checkpoint <= self.steps:
+                        self.next_checkpoint += config.checkpoint_every
+        except KeyboardInterrupt:
+            self.logger.close()
+            path = self.save()
+            self.write_summary(interrupted=True)
+            raise TrainingInterrupted(self.run_dir, self.steps, path) from None
+        except BaseException:
+            self.logger.close()
+            raise
+
+        if self.last_evaluation_step != self.steps:
+            row = self.evaluate()
+            self.reached_stop_return()
+            self.logger.log(
+                {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
+            )
+        self.save()
+        self.logger.close()
+        plot_curve(self.run_dir, f"{config.algo.upper()} on {config.env}")
+        summary = self.write_summary(interrupted=False)
+        if self.show_progress:
+            self.logger.summary_table(summary)
+        return TrainResult(self.run_dir, summary)
+
+    def evaluate(self) -> dict[str, float]:
+        evaluation = self.evaluator.evaluate(self.algorithm)
+        self.last_evaluation = evaluation
+        self.last_evaluation_step = self.steps
+        if self.evaluator.is_best(evaluation):
+            self.checkpoints.save_best(self.state_dict())
+        return {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
+
+    def reached_stop_return(self) -> bool:
+        stop = self.config.stop_return
+        if stop is None or self.last_evaluation is None or self.last_evaluation.mean < stop:
+            return False
+        if self.time_to_stop_return is None:
+            self.time_to_stop_return = self.stopwatch()
+            self.logger.message(
+                f"reached stop_return {stop} (evaluation mean {self.last_evaluation.mean:.1f}) "
+                f"after {self.steps:,} steps in {self.time_to_stop_return:.1f} s"
+            )
+        return True
+
+    def write_summary(self, interrupted: bool) -> dict[str, Any]:
+        wall = self.stopwatch()
+        evaluation = self.last_evaluation
+        summary = {
+            "env": self.config.env,
+            "algo": self.config.algo,
+            "seed": self.config.seed,
+            "num_envs": self.config.num_envs,
+            "device": str(self.device),
+            "total_steps": self.steps,
+            "updates": self.learner.updates,
+            "wall_time_s": wall,
+            "steps_per_second": self.steps / max(wall, 1e-9),
+            "stop_return": self.config.stop_return,
+            "time_to_stop_return_s": self.time_to_stop_return,
+            "eval_return_mean": evaluation.mean if evaluation else None,
+            "eval_return_std": evaluation.std if evaluation else None,
+            "eval_episodes": len(evaluation.returns) if evaluation else 0,
+            "best_eval_return": self.evaluator.best_return if evaluation else None,
+            "interrupted": interrupted,
+            "run_dir": str(self.run_dir),
+            "latest_checkpoint": str(self.checkpoints.latest()) if self.checkpoints.latest() else None,
+        }
+        temporary = self.run_dir / "summary.json.tmp"
+        temporary.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(temporary, self.run_dir / "summary.json")
+        return summary
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl+C during training: a checkpoint was saved; the run can be resumed."""
+
+    def __init__(self, run_dir: Path, steps: int, checkpoint: Path) -> None:
+        super().__init__(
+            f"interrupted at step {steps:,}; checkpoint saved to {checkpoint}. "
+            f"Continue with `phalanx resume {run_dir}`."
+        )
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint
+
+
+def train(config: TrainConfig, show_progress: bool = True) -> TrainResult:
+    """Train ``config`` in a new run directory; return the run directory and the summary."""
+    return Trainer(config, show_progress=show_progress).train()
+
+
+def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: bool = True) -> TrainResult:
+    """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
+            "Pass the directory that `phalanx train` created (runs/<env>__<algo>__...)."
+        )
+    config = TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
+    latest = CheckpointManager(run_dir).latest()
+    if latest is None:
+        raise CheckpointError(
+            f"run directory {str(run_dir)!r} has no checkpoint to resume from (checkpoints/ is empty). "
+            "Start a new run with `phalanx train` instead."
+        )
+    state = load_checkpoint(latest, map_location=config.device)
+    saved = TrainConfig.from_dict(state["config"], where=f"{latest}/state.pt")
+    differences = _config_differences(saved, config)
+    if differences:
+        raise CheckpointError(
+            f"{config_path} does not match the config stored in the checkpoint {latest}: "
+            + "; ".join(f"{key}: checkpoint has {a!r}, config.yaml has {b!r}" for key, a, b in differences)
+            + ". Restore config.yaml, or start a new run with the new settings."
+        )
+    if total_steps is not None:
+        if total_steps <= state["progress"]["steps"]:
+            raise ConfigError(
+                f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
+                "has already trained. Pass a larger --total-steps."
+            )
+        config.total_steps = total_steps
+    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress)
+    trainer.load_state_dict(state)
+    return trainer.train()
+
+
+def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
+    ignored = {"total_steps", "run_dir"}
+    a, b = saved.to_dict(), current.to_dict()
+    differences = [(k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)]
+    for key, value in a["hyperparameters"].items():
+        if value != b["hyperparameters"].get(key):
+            differences.append((f"hyperparameters.{key}", value, b["hyperparameters"].get(key)))
+    return differences
