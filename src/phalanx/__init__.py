@@ -1,3 +1,42 @@
-"""phalanx: massively parallel deep reinforcement learning in PyTorch."""
+"""phalanx: massively parallel deep reinforcement learning in PyTorch.
+
+    import phalanx
+    config = phalanx.make_config("ppo", "CartPole-v1", stop_return=475)
+    result = phalanx.train(config)
+    agent = phalanx.load_agent(result.run_dir)
+"""
+
+from phalanx.agent import Agent, evaluate, load_agent
+from phalanx.algos.ppo import A2CConfig, PPOConfig
+from phalanx.config import TrainConfig, make_config
+from phalanx.envs.check import check_vec_env
+from phalanx.envs.core import BatchedVecEnv, VecEnv
+from phalanx.envs.registry import list_envs, make_env, register_env
+from phalanx.errors import CheckpointError, ConfigError, ContractError, EnvError, PhalanxError
+from phalanx.train.trainer import TrainResult, resume, train
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "A2CConfig",
+    "Agent",
+    "BatchedVecEnv",
+    "CheckpointError",
+    "ConfigError",
+    "ContractError",
+    "EnvError",
+    "PPOConfig",
+    "PhalanxError",
+    "TrainConfig",
+    "TrainResult",
+    "VecEnv",
+    "check_vec_env",
+    "evaluate",
+    "list_envs",
+    "load_agent",
+    "make_config",
+    "make_env",
+    "register_env",
+    "resume",
+    "train",
+]

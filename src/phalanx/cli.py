@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return command(argv[1:])
     except PhalanxError as error:
-        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
@@ -109,7 +109,8 @@ def parse_train_args(argv: list[str]) -> Any:
         index = rest.index("--config")
         if index + 1 >= len(rest):
             raise PhalanxError("--config needs a YAML file path: --config my_run.yaml")
-        settings = load_yaml(rest[index + 1])
+        config_file = rest[index + 1]
+        settings = load_yaml(config_file)
         for key in ("algo", "env"):
             if key in settings and settings.pop(key) not in (algo, env):
                 raise PhalanxError(
@@ -117,7 +118,10 @@ def parse_train_args(argv: list[str]) -> Any:
                     f"({algo} {env}); remove it from the file or change the command."
                 )
         rest = rest[:index] + rest[index + 2 :]
-    default = make_config(algorithm.name, env, where="--config file" if settings else "arguments", **settings)
+        where = f"config file {config_file!r}"
+    else:
+        where = "arguments"
+    default = make_config(algorithm.name, env, where=where, **settings)
     cls = cli_config_class(algorithm)
     base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
     parsed = tyro.cli(

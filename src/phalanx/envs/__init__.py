@@ -1,5 +1,35 @@
 """Batched environments on torch tensors: the VecEnv contract, built-in envs, adapters, wrappers."""
 
+from phalanx.envs.check import CheckReport, check_vec_env
 from phalanx.envs.core import BatchedVecEnv, EpisodeStatistics, VecEnv
+from phalanx.envs.registry import list_envs, load_factory, make_env, register_env
+from phalanx.envs.workers import GymnasiumVecEnv
+from phalanx.envs.wrappers import (
+    NanGuard,
+    NormalizeObservation,
+    RescaleAction,
+    RunningMeanStd,
+    ScaleReward,
+    VecEnvWrapper,
+    find_wrapper,
+)
 
-__all__ = ["BatchedVecEnv", "EpisodeStatistics", "VecEnv"]
+__all__ = [
+    "BatchedVecEnv",
+    "CheckReport",
+    "EpisodeStatistics",
+    "GymnasiumVecEnv",
+    "NanGuard",
+    "NormalizeObservation",
+    "RescaleAction",
+    "RunningMeanStd",
+    "ScaleReward",
+    "VecEnv",
+    "VecEnvWrapper",
+    "check_vec_env",
+    "find_wrapper",
+    "list_envs",
+    "load_factory",
+    "make_env",
+    "register_env",
+]

@@ -160,8 +160,10 @@ class BatchedVecEnv(VecEnv):
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
         if isinstance(single_action_space, gym.spaces.Discrete):
             self._action_shape: tuple[int, ...] = (self.num_envs,)
+            self._action_dtype = torch.int64
         else:
             self._action_shape = (self.num_envs, *single_action_space.shape)
+            self._action_dtype = torch.float32
         self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
 
     # -- to implement ----------------------------------------------------------------------------
@@ -210,8 +212,9 @@ class BatchedVecEnv(VecEnv):
     def _as_actions(self, actions: Any) -> Tensor:
         if not isinstance(actions, torch.Tensor):
             actions = torch.as_tensor(np.asarray(actions), device=self.device)
-        elif actions.device != self.device:
-            actions = actions.to(self.device)
+        if actions.device != self.device or actions.dtype != self._action_dtype:
+            # float64 numpy actions must not silently turn the physics into float64
+            actions = actions.to(self.device, self._action_dtype)
         if tuple(actions.shape) != self._action_shape:
             raise ValueError(
                 f"{type(self).__name__}.step: actions have shape {tuple(actions.shape)}, expected "

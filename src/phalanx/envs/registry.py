@@ -1,0 +1,206 @@
+"""Environment ids: built-in batched simulators, user-registered factories, and Gymnasium's registry.
+
+:func:`make_env` resolves an id in this order:
+
+1. ids registered with :func:`register_env` (these may shadow a built-in id with ``overwrite=True``);
+2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS``);
+3. ``"gym:<id>"``: the Gymnasium adapter (:class:`~phalanx.envs.workers.GymnasiumVecEnv`), forced;
+4. any other id in Gymnasium's registry, through the same adapter.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from phalanx.envs.core import VecEnv
+from phalanx.errors import EnvError
+
+__all__ = ["list_envs", "load_factory", "make_env", "register_env"]
+
+VecEnvFactory = Callable[..., VecEnv]
+
+_REGISTERED: dict[str, VecEnvFactory] = {}
+_GYM_PREFIX = "gym:"
+
+
+def _builtin() -> dict[str, VecEnvFactory]:
+    from phalanx.envs.classic import CLASSIC_ENVS  # lazy: keeps `import phalanx.envs` light
+
+    return dict(CLASSIC_ENVS)
+
+
+def register_env(env_id: str, factory: VecEnvFactory, *, overwrite: bool = False) -> None:
+    """Make ``make_env(env_id, ...)`` call ``factory(num_envs=..., device=..., **kwargs) -> VecEnv``."""
+    if not isinstance(env_id, str) or not env_id or env_id.startswith(_GYM_PREFIX):
+        raise EnvError(
+            f"register_env: env_id must be a non-empty string not starting with {_GYM_PREFIX!r}, got "
+            f"{env_id!r}. Use a name such as 'MyTask-v0'."
+        )
+    if not callable(factory):
+        raise EnvError(
+            f"register_env({env_id!r}): factory must be callable as factory(num_envs=..., device=..., "
+            f"**kwargs) -> VecEnv, got {type(factory).__name__} ({factory!r})."
+        )
+    if not overwrite:
+        if env_id in _REGISTERED:
+            raise EnvError(
+                f"register_env: {env_id!r} is already registered (factory {_REGISTERED[env_id]!r}). Pass "
+                "overwrite=True to replace it, or choose another id."
+            )
+        if env_id in _builtin():
+            raise EnvError(
+                f"register_env: {env_id!r} is a built-in phalanx environment. Pass overwrite=True to "
+                "shadow it with your factory, or choose another id."
+            )
+    _REGISTERED[env_id] = factory
+
+
+def unregister_env(env_id: str) -> None:
+    """Remove an id added with :func:`register_env` (no error if absent)."""
+    _REGISTERED.pop(env_id, None)
+
+
+def list_envs() -> dict[str, list[str]]:
+    """Every id :func:`make_env` accepts: ``{"builtin": [...], "registered": [...], "gymnasium": [...]}``."""
+    return {
+        "builtin": sorted(_builtin()),
+        "registered": sorted(_REGISTERED),
+        "gymnasium": sorted(gym.envs.registry),
+    }
+
+
+def _suggest(env_id: str) -> str:
+    names: dict[str, str] = {}
+    for group in list_envs().values():
+        for name in group:
+            names.setdefault(name.lower(), name)
+    query = env_id.removeprefix(_GYM_PREFIX).lower()
+    close = [names[name] for name in difflib.get_close_matches(query, list(names), n=5, cutoff=0.6)]
+    return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
+def _unknown(env_id: str) -> EnvError:
+    return EnvError(
+        f"Unknown environment id {env_id!r}: it is not a built-in phalanx env, not registered with "
+        f"phalanx.envs.register_env, and not in Gymnasium's registry.{_suggest(env_id)} Run `phalanx envs` "
+        "to list every available id. If the id comes from a third-party package, import that package "
+        "first so that it registers its ids with Gymnasium."
+    )
+
+
+def _call_factory(env_id: str, factory: VecEnvFactory, num_envs: int, device: Any, kwargs: dict) -> VecEnv:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(num_envs=num_envs, device=device, **kwargs)
+        except TypeError as error:
+            accepted = ", ".join(name for name in signature.parameters if name not in ("self",))
+            raise EnvError(
+                f"make_env({env_id!r}): {getattr(factory, '__name__', factory)!r} cannot be called with "
+                f"num_envs, device and {sorted(kwargs) or 'no other arguments'} ({error}). It accepts: "
+                f"{accepted}. Pass only those keyword arguments."
+            ) from None
+    env = factory(num_envs=num_envs, device=device, **kwargs)
+    if not isinstance(env, VecEnv):
+        raise EnvError(
+            f"make_env({env_id!r}): the factory {factory!r} returned {type(env).__name__}, expected a "
+            "phalanx.envs.VecEnv. Return a VecEnv subclass (e.g. a BatchedVecEnv), or register a "
+            "Gymnasium env and use it through GymnasiumVecEnv."
+        )
+    return env
+
+
+def make_env(
+    env_id: str,
+    num_envs: int = 1,
+    device: str | torch.device = "cpu",
+    seed: int | None = None,
+    **kwargs: Any,
+) -> VecEnv:
+    """Build ``num_envs`` copies of ``env_id`` as one VecEnv on ``device``; reset with ``seed`` if given.
+
+    ``kwargs`` go to the env's constructor (``gymnasium.make`` for Gymnasium ids, e.g.
+    ``render_mode="rgb_array"``).
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise EnvError(f"make_env: env_id must be a non-empty string such as 'CartPole-v1', got {env_id!r}.")
+    from phalanx.envs.workers import GymnasiumVecEnv
+
+    if env_id in _REGISTERED:
+        env = _call_factory(env_id, _REGISTERED[env_id], num_envs, device, kwargs)
+    elif env_id in (builtin := _builtin()):
+        env = _call_factory(env_id, builtin[env_id], num_envs, device, kwargs)
+    else:
+        gym_id = env_id.removeprefix(_GYM_PREFIX)
+        if gym_id not in gym.envs.registry:
+            raise _unknown(env_id)
+        env = GymnasiumVecEnv(gym_id, num_envs=num_envs, device=device, **kwargs)
+    if seed is not None:
+        env.reset(seed=seed)
+    return env
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The callable named by ``"package.module:attribute"`` (``attribute`` may be dotted).
+
+    The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
+    the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
+    """
+    module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise EnvError(
+            f"Bad env factory {spec!r}: expected 'module.path:callable', e.g. 'my_envs:make_my_env' for a "
+            "function make_my_env in my_envs.py (the module must be importable from the current directory "
+            "or the Python path)."
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
+            raise EnvError(
+                f"Bad env factory {spec!r}: module {module_name!r} not found (looked in the current "
+                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
+                "that contains it, or install the package that provides it."
+            ) from None
+        raise EnvError(
+            f"Bad env factory {spec!r}: importing {module_name!r} failed because it imports "
+            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
+        raise EnvError(
+            f"Bad env factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}. "
+            "Fix the error in that module (run `python -c 'import "
+            f"{module_name}'` to see the traceback)."
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            public = sorted(name for name in dir(target) if not name.startswith("_"))
+            close = difflib.get_close_matches(part, public, n=3)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise EnvError(
+                f"Bad env factory {spec!r}: {module_name!r} has no attribute {attr!r} ({part!r} missing)."
+                f"{hint} Name a function or class defined in that module."
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise EnvError(
+            f"Bad env factory {spec!r}: {attr!r} is a {type(target).__name__}, expected a callable "
+            "(a function or class returning an env)."
+        )
+    return target

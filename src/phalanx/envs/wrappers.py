@@ -1,0 +1,470 @@
+"""Wrappers around a :class:`~phalanx.envs.core.VecEnv`: every array stays a tensor on the env's device.
+
+- :class:`VecEnvWrapper`: the base class; forwards everything explicitly (no ``__getattr__``), keeps
+  the wrapped env's state in ``state_dict()["env"]``.
+- :class:`RescaleAction`: the agent acts in ``[-1, 1]``; the wrapper maps to the env's Box bounds.
+- :class:`NormalizeObservation`: running mean/variance normalisation of observations (and of
+  ``info["final_obs"]`` with the same statistics), statistics shareable with an evaluation env.
+- :class:`ScaleReward`: reward divided by the running standard deviation of the discounted return
+  (the reward normalisation of Stable-Baselines3's ``VecNormalize``).
+- :class:`NanGuard`: raises a :class:`~phalanx.errors.ContractError` at the first non-finite action,
+  observation or reward, naming the array, the sub-env index and the step.
+
+Wrappers never change ``info["episode_return"]`` / ``info["episode_length"]``: those are the
+undiscounted statistics of the innermost env's own rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector.utils import batch_space
+
+from phalanx.envs.core import Tensor, VecEnv
+from phalanx.errors import ConfigError, ContractError
+
+__all__ = [
+    "NanGuard",
+    "NormalizeObservation",
+    "RescaleAction",
+    "RunningMeanStd",
+    "ScaleReward",
+    "VecEnvWrapper",
+    "find_wrapper",
+]
+
+W = TypeVar("W", bound="VecEnvWrapper")
+
+
+class VecEnvWrapper(VecEnv):
+    """Base class of VecEnv wrappers: forwards ``reset``/``step``, spaces, ``num_envs``, ``device``.
+
+    A subclass that changes a space assigns ``single_observation_space`` / ``single_action_space``
+    (and the batched space) after ``super().__init__(env)``. Wrapper state goes in
+    :meth:`_own_state_dict` / :meth:`_load_own_state_dict`; :meth:`state_dict` nests the wrapped env's
+    state under ``"env"``.
+    """
+
+    def __init__(self, env: VecEnv) -> None:
+        if not isinstance(env, VecEnv):
+            raise ConfigError(
+                f"{type(self).__name__} wraps a phalanx VecEnv, got {type(env).__name__} ({env!r}). "
+                "Build the env with phalanx.envs.make_env(...) or subclass phalanx.envs.VecEnv."
+            )
+        self.env = env
+        self.num_envs = env.num_envs
+        self.device = env.device
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        self.observation_space = env.observation_space
+        self.action_space = env.action_space
+        self.metadata = env.metadata
+        self.render_mode = getattr(env, "render_mode", None)
+        self.closed = False
+
+    # -- forwarding --------------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        return self.env.step(actions)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self, **kwargs: Any) -> None:
+        if not self.closed:
+            self.env.close(**kwargs)
+            self.closed = True
+
+    @property
+    def unwrapped(self) -> VecEnv:  # type: ignore[override]
+        """The innermost env of the wrapper chain."""
+        return self.env.unwrapped
+
+    @property
+    def state(self) -> Tensor:
+        """The wrapped env's physical state (built-in simulators only)."""
+        try:
+            return self.env.state  # type: ignore[attr-defined]
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__}: the wrapped env {self.unwrapped!r} has no `state` attribute "
+                "(only the built-in batched simulators expose their physical state)."
+            ) from None
+
+    # -- checkpointable state ----------------------------------------------------------------------
+    def _own_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"env": self.env.state_dict(), **self._own_state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env.load_state_dict(state["env"])
+        self._load_own_state_dict({key: value for key, value in state.items() if key != "env"})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.env!r})"
+
+
+def find_wrapper(env: VecEnv, cls: type[W]) -> W | None:
+    """The outermost wrapper of type ``cls`` in ``env``'s wrapper chain, or None."""
+    while isinstance(env, VecEnvWrapper):
+        if isinstance(env, cls):
+            return env
+        env = env.env
+    return None
+
+
+def _as_tensor(actions: Any, device: torch.device) -> Tensor:
+    if isinstance(actions, torch.Tensor):
+        return actions if actions.device == device else actions.to(device)
+    return torch.as_tensor(np.asarray(actions), device=device)
+
+
+# ------------------------------------------------------------------------------------------------------
+class RescaleAction(VecEnvWrapper):
+    """The agent acts in ``[-1, 1]``; actions are clipped there and mapped linearly to ``[low, high]``.
+
+    ``single_action_space`` becomes ``Box(-1, 1, shape, float32)``. The wrapped env's action space must
+    be a Box with finite bounds.
+    """
+
+    def __init__(self, env: VecEnv) -> None:
+        super().__init__(env)
+        space = env.single_action_space
+        if not isinstance(space, gym.spaces.Box) or not (
+            np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))
+        ):
+            raise ConfigError(
+                f"RescaleAction: the action space of {env.unwrapped!r} is {space}, expected a Box with "
+                "finite low and high. Wrap only continuous-action envs with finite bounds (Discrete "
+                "actions need no rescaling; an unbounded Box has no [-1, 1] image)."
+            )
+        self.low = torch.as_tensor(space.low, dtype=torch.float32, device=self.device)
+        self.high = torch.as_tensor(space.high, dtype=torch.float32, device=self.device)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=space.shape, dtype=np.float32)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        actions = _as_tensor(actions, self.device).to(torch.float32).clamp(-1.0, 1.0)
+        return self.env.step(self.low + (actions + 1.0) * 0.5 * (self.high - self.low))
+
+
+# ------------------------------------------------------------------------------------------------------
+class RunningMeanStd:
+    """Running mean and (population) variance of a stream of batches, on one device.
+
+    Batches are merged with the parallel-variance formula of Chan et al. (1979)::
+
+        delta = batch_mean - mean;  n = count + batch_count
+        mean += delta * batch_count / n
+        var = (var * count + batch_var * batch_count + delta**2 * count * batch_count / n) / n
+
+    The statistics are float64 (float32 on MPS, which has no float64). With thousands of envs the
+    count passes 1e8 within a run; in float32 the weight ``batch_count / n`` of a new batch then falls
+    near the float32 resolution (6e-8) and the estimate stops moving, and a float32 count is not even
+    exact past 2**24. The cost of float64 is irrelevant here: a few element-wise ops over ``shape``.
+    ``count`` starts at 0, so after the first batch the statistics are exactly that batch's mean and
+    variance; before any update, ``mean = 0`` and ``var = 1`` (normalisation is the identity).
+    """
+
+    def __init__(self, shape: tuple[int, ...] = (), device: str | torch.device = "cpu") -> None:
+        self.shape = tuple(shape)
+        self.device = torch.device(device)
+        self.dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        self.mean = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.var = torch.ones(self.shape, dtype=self.dtype, device=self.device)
+        self.count = torch.zeros((), dtype=self.dtype, device=self.device)
+
+    @property
+    def std(self) -> Tensor:
+        return self.var.sqrt()
+
+    def update(self, batch: Tensor) -> None:
+        """Merge a batch of shape ``(B, *shape)``."""
+        if tuple(batch.shape[1:]) != self.shape:
+            raise ConfigError(
+                f"RunningMeanStd.update: batch has shape {tuple(batch.shape)}, expected (B, *{self.shape}). "
+                "Statistics are per feature; pass one row per sample."
+            )
+        batch = batch.to(self.dtype)
+        batch_count = batch.shape[0]
+        batch_mean = batch.mean(dim=0)
+        batch_var = batch.var(dim=0, unbiased=False)
+        total = self.count + batch_count
+        delta = batch_mean - self.mean
+        m2 = (
+            self.var * self.count
+            + batch_var * batch_count
+            + delta.square() * self.count * batch_count / total
+        )
+        self.mean = self.mean + delta * (batch_count / total)
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: Tensor, epsilon: float = 1e-8) -> Tensor:
+        """``(x - mean) / sqrt(var + epsilon)`` in ``x``'s dtype."""
+        inv_std = torch.rsqrt(self.var + epsilon).to(x.dtype)
+        return (x - self.mean.to(x.dtype)) * inv_std
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for name in ("mean", "var", "count"):
+            value = torch.as_tensor(state[name])
+            if tuple(value.shape) != tuple(getattr(self, name).shape):
+                raise ConfigError(
+                    f"RunningMeanStd.load_state_dict: {name!r} has shape {tuple(value.shape)}, expected "
+                    f"{tuple(getattr(self, name).shape)}. The checkpoint was saved for an env with "
+                    "another observation shape; load it into the same env id."
+                )
+            setattr(self, name, value.to(device=self.device, dtype=self.dtype).clone())
+
+    def __repr__(self) -> str:
+        return f"RunningMeanStd(shape={self.shape}, count={float(self.count):g})"
+
+
+def _check_positive(owner: str, name: str, value: float | None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not value > 0:
+        raise ConfigError(f"{owner}: {name} must be > 0{' or None' if allow_none else ''}, got {value!r}.")
+
+
+class NormalizeObservation(VecEnvWrapper):
+    """Observations normalised by a running mean and variance, then clipped to ``[-clip, clip]``.
+
+    With ``update=True`` the statistics absorb the observations of every ``reset`` and ``step`` (the
+    step's ``obs`` batch, before normalising). ``info["final_obs"]`` is normalised with the same
+    statistics, so that bootstrapping on truncation sees the same input scale as the policy.
+
+    Pass ``statistics=train_env_wrapper.statistics`` and ``update=False`` to give an evaluation env
+    the training env's statistics, read-only. ``update`` may be toggled at any time.
+    """
+
+    def __init__(
+        self,
+        env: VecEnv,
+        clip: float | None = 10.0,
+        epsilon: float = 1e-8,
+        statistics: RunningMeanStd | None = None,
+        update: bool = True,
+    ) -> None:
+        super().__init__(env)
+        _check_positive("NormalizeObservation", "clip", clip, allow_none=True)
+        _check_positive("NormalizeObservation", "epsilon", epsilon)
+        space = env.single_observation_space
+        if not isinstance(space, gym.spaces.Box):
+            raise ConfigError(
+                f"NormalizeObservation: the observation space of {env.unwrapped!r} is {space}, expected "
+                "a Box. Normalise only vector/array observations."
+            )
+        if statistics is None:
+            statistics = RunningMeanStd(space.shape, self.device)
+        elif statistics.shape != tuple(space.shape) or statistics.device != self.device:
+            raise ConfigError(
+                f"NormalizeObservation: the shared statistics have shape {statistics.shape} on "
+                f"{statistics.device}, expected shape {tuple(space.shape)} on {self.device} (the "
+                f"observations of {env.unwrapped!r}). Share statistics only between envs with the same "
+                "observation space and device."
+            )
+        self.statistics = statistics
+        self.clip = clip
+        self.epsilon = epsilon
+        self.update = update
+        bound = np.inf if clip is None else clip
+        self.single_observation_space = gym.spaces.Box(-bound, bound, shape=space.shape, dtype=np.float32)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+    def normalize(self, obs: Tensor) -> Tensor:
+        out = self.statistics.normalize(obs, self.epsilon)
+        return out if self.clip is None else out.clamp_(-self.clip, self.clip)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self.update:
+            self.statistics.update(obs)
+        return self.normalize(obs), info
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if self.update:
+            self.statistics.update(obs)
+        info = dict(info)
+        if "final_obs" in info:
+            info["final_obs"] = self.normalize(info["final_obs"])
+        return self.normalize(obs), reward, terminated, truncated, info
+
+    def _own_state_dict(self) -> dict[str, Any]:
+        return {"obs_statistics": self.statistics.state_dict()}
+
+    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
+        self.statistics.load_state_dict(state["obs_statistics"])
+
+
+class ScaleReward(VecEnvWrapper):
+    """Rewards divided by the running std of the discounted return, then clipped (SB3 VecNormalize).
+
+    Per sub-env, ``ret = gamma * ret + reward`` (reset to 0 when the episode ends, after use); the
+    :class:`RunningMeanStd` of ``ret`` gives ``var``; the agent sees
+    ``clip(reward / sqrt(var + epsilon), -clip, clip)``. The mean is not subtracted (shifting rewards
+    would change the optimal policy when episodes can end early). ``info["episode_return"]`` stays the
+    raw, unscaled return.
+    """
+
+    def __init__(
+        self,
+        env: VecEnv,
+        gamma: float = 0.99,
+        clip: float | None = 10.0,
+        epsilon: float = 1e-8,
+        update: bool = True,
+    ) -> None:
+        super().__init__(env)
+        if not 0.0 <= gamma <= 1.0:
+            raise ConfigError(f"ScaleReward: gamma must be in [0, 1], got {gamma!r}.")
+        _check_positive("ScaleReward", "clip", clip, allow_none=True)
+        _check_positive("ScaleReward", "epsilon", epsilon)
+        self.gamma = gamma
+        self.clip = clip
+        self.epsilon = epsilon
+        self.update = update
+        self.statistics = RunningMeanStd((), self.device)
+        self.returns = torch.zeros(self.num_envs, dtype=self.statistics.dtype, device=self.device)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        self.returns.zero_()
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.returns = self.returns * self.gamma + reward
+        if self.update:
+            self.statistics.update(self.returns)
+        scaled = reward / torch.sqrt(self.statistics.var + self.epsilon)
+        if self.clip is not None:
+            scaled = scaled.clamp(-self.clip, self.clip)
+        self.returns.masked_fill_(terminated | truncated, 0.0)
+        return obs, scaled.to(reward.dtype), terminated, truncated, info
+
+    def _own_state_dict(self) -> dict[str, Any]:
+        return {"return_statistics": self.statistics.state_dict(), "returns": self.returns.clone()}
+
+    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
+        self.statistics.load_state_dict(state["return_statistics"])
+        self.returns.copy_(state["returns"])
+
+
+# ------------------------------------------------------------------------------------------------------
+_NAN_ARRAYS = ("actions", "obs", "reward", 'info["final_obs"]', "obs")  # code 4: obs from reset()
+
+
+class NanGuard(VecEnvWrapper):
+    """Raise a :class:`ContractError` at the first NaN or inf in actions, obs, reward or final_obs.
+
+    On CPU every step is checked as it happens. On an accelerator a host synchronisation per step
+    would stall the pipeline, so the first offence (step, array, sub-env index, value) is recorded on
+    the device without synchronising and read back every ``check_every`` steps (and by :meth:`check`).
+    The actions are checked before the env sees them.
+    """
+
+    def __init__(self, env: VecEnv, check_every: int = 1) -> None:
+        super().__init__(env)
+        if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
+            raise ConfigError(f"NanGuard: check_every must be an integer >= 1, got {check_every!r}.")
+        self.check_every = check_every
+        self.num_steps = 0
+        self._sync_each_step = self.device.type == "cpu"
+        # First offence (step, array code, sub-env index, value), kept on the device; step -1: none yet.
+        self._record = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=self.device)
+        self._step = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._codes = torch.arange(len(_NAN_ARRAYS), dtype=torch.float64, device=self.device)
+
+    @staticmethod
+    def _locate(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(any_bad, first bad row, first bad value of that row)`` as device scalars."""
+        rows = x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
+        bad_rows = ~torch.isfinite(rows).all(dim=1)  # (N,)
+        index = bad_rows.to(torch.int8).argmax()
+        row = rows[index]
+        value = row[(~torch.isfinite(row)).to(torch.int8).argmax()]
+        return bad_rows.any(), index, value
+
+    def _scan(self, x: Any, code: int) -> None:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+            return
+        if self._sync_each_step:
+            if bool(torch.isfinite(x).all()):
+                return
+            _, index, value = self._locate(x)
+            self._record = torch.tensor([float(self.num_steps), float(code), float(index), float(value)])
+            self.check()
+        any_bad, index, value = self._locate(x)
+        candidate = torch.stack(
+            [self._step, self._codes[code], index.to(torch.float64), value.to(torch.float64)]
+        )
+        self._record = torch.where(any_bad & (self._record[0] < 0), candidate, self._record)
+
+    def check(self) -> None:
+        """Raise if a non-finite value was recorded (one host synchronisation)."""
+        step, code, index, value = self._record.tolist()
+        if step < 0:
+            return
+        env = self.unwrapped
+        code = int(code)
+        where = f"sub-env index {int(index)}, step {int(step)} (counted from the NanGuard's creation)"
+        if code == 0:
+            raise ContractError(
+                f"NanGuard: the actions passed to {env!r}.step contain a non-finite value at {where}: "
+                f"expected finite actions, got {value}. A NaN action usually means the policy diverged: "
+                "lower the learning rate, enable gradient clipping (max_grad_norm), and check the "
+                "losses for NaN."
+            )
+        source = "reset()" if code == 4 else "step()"
+        raise ContractError(
+            f"NanGuard: {env!r} produced a non-finite {_NAN_ARRAYS[code]} in {source} at {where}: expected "
+            f"finite values, got {value}. Check the env's dynamics (divisions, exp/log, velocities without "
+            "bounds) and the action bounds (wrap with RescaleAction or clip actions so the env never "
+            "sees out-of-range actions)."
+        )
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._scan(obs, 4)
+        return obs, info
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        self.num_steps += 1
+        self._step += 1
+        self._scan(actions if isinstance(actions, torch.Tensor) else _as_tensor(actions, self.device), 0)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self._scan(obs, 1)
+        self._scan(reward, 2)
+        self._scan(info.get("final_obs"), 3)
+        if not self._sync_each_step and self.num_steps % self.check_every == 0:
+            self.check()
+        return obs, reward, terminated, truncated, info
+
+    def _own_state_dict(self) -> dict[str, Any]:
+        return {"num_steps": self.num_steps}
+
+    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
+        self.num_steps = int(state["num_steps"])
+        self._step.fill_(self.num_steps)

@@ -1,0 +1,140 @@
+"""The `phalanx` command: happy paths and the one-paragraph errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.cli import main, parse_train_args
+from phalanx.config import presets
+
+SMALL = ["--num-envs", "8", "--total-steps", "1024", "--eval-every", "512", "--eval-episodes", "2",
+         "--horizon", "16", "--minibatch-size", "64", "--hidden-sizes", "16", "16"]  # fmt: skip
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_train_eval_resume_round_trip(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out = run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))
+    assert code == 0, out
+    assert json.loads((run / "summary.json").read_text())["total_steps"] == 1024
+    code, out = run_cli(capsys, "eval", str(run), "--episodes", "3")
+    assert code == 0 and "return mean" in out
+    code, out = run_cli(capsys, "resume", str(run), "--total-steps", "2048")
+    assert code == 0, out
+    assert json.loads((run / "summary.json").read_text())["total_steps"] == 2048
+
+
+def test_preset_and_flags_and_config_file_compose(tmp_path):
+    preset = presets("ppo")["CartPole-v1"]
+    config = parse_train_args(["ppo", "CartPole-v1"])
+    assert config.num_envs == preset["num_envs"]
+    file = tmp_path / "run.yaml"
+    file.write_text("num_envs: 3000\nhyperparameters:\n  learning_rate: 0.01\n")
+    config = parse_train_args(["ppo", "CartPole-v1", "--config", str(file), "--learning-rate", "0.02"])
+    assert config.num_envs == 3000 and config.hyperparameters.learning_rate == 0.02
+    assert config.hyperparameters.horizon == preset["hyperparameters"]["horizon"]  # preset beneath the file
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "ppx", "CartPole-v1"], "unknown algorithm 'ppx'. Did you mean ppo"),
+        (["train", "ppo", "CartPole-v2"], "CartPole-v1"),
+        (["train", "ppo", "CartPole-v1", "--learning-rate", "-1"], "learning_rate = -1.0 is invalid"),
+        (["train", "ppo", "CartPole-v1", "--num-envs", "0"], "num_envs = 0 is invalid"),
+        (
+            ["train", "ppo", "CartPole-v1", "--num-envs", "4", "--horizon", "8", "--minibatch-size", "64"],
+            "rollout size horizon * num_envs = 8 * 4 = 32",
+        ),
+        (["train", "ppo"], "needs an algorithm and an environment"),
+        (["eval", "/nonexistent/run"], "is not a phalanx run directory"),
+        (["resume", "/nonexistent/run"], "is not a phalanx run directory"),
+        (["check-env", "no_such_module_xyz:make"], "no_such_module_xyz"),
+        (["trian"], "Did you mean `phalanx train`"),
+    ],
+)
+def test_bad_input_gets_one_paragraph_and_nonzero_exit(capsys, argv, expected):
+    code, out = run_cli(capsys, *argv)
+    assert code != 0
+    assert expected in " ".join(out.split()), out
+    assert "Traceback" not in out
+
+
+def test_config_file_with_unknown_key_suggests_the_right_one(tmp_path, capsys):
+    file = tmp_path / "bad.yaml"
+    file.write_text("hyperparameters:\n  learning_rat: 0.01\n")
+    code, out = run_cli(capsys, "train", "ppo", "CartPole-v1", "--config", str(file))
+    assert code == 2 and "Did you mean learning_rate" in out
+
+
+def test_eval_refuses_a_corrupt_checkpoint_without_touching_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))[0] == 0
+    state = run / "checkpoints" / "best" / "state.pt"
+    state.write_bytes(b"garbage")
+    code, out = run_cli(capsys, "eval", str(run))
+    assert code == 2 and "cannot read checkpoint" in out and "Traceback" not in out
+    assert state.read_bytes() == b"garbage"
+
+
+def test_envs_lists_builtin_and_gymnasium_ids(capsys):
+    code, out = run_cli(capsys, "envs")
+    assert code == 0
+    assert "CartPole-v1" in out and "Acrobot-v1" in out and "LunarLander-v3" in out
+
+
+def test_check_env_accepts_a_good_env_and_explains_a_broken_one(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "my_envs.py"
+    module.write_text(
+        "import torch\n"
+        "from phalanx.envs.classic import CartPoleEnv\n"
+        "def good(num_envs=4, device='cpu'):\n"
+        "    return CartPoleEnv(num_envs=num_envs, device=device)\n"
+        "class Broken(CartPoleEnv):\n"
+        "    def _observe(self):\n"
+        "        return super()._observe().double()\n"
+        "def broken(num_envs=4, device='cpu'):\n"
+        "    return Broken(num_envs=num_envs, device=device)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out = run_cli(capsys, "check-env", "my_envs:good", "--steps", "200")
+    assert code == 0 and "ok" in out
+    code, out = run_cli(capsys, "check-env", "my_envs:broken", "--steps", "200")
+    assert code == 2 and "float32" in out and "float64" in out
+
+
+def test_sigint_saves_a_checkpoint_and_leaves_no_process(tmp_path):
+    run = tmp_path / "run"
+    script = Path(sys.executable).parent / "phalanx"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "phalanx.cli"]
+    process = subprocess.Popen(
+        [*command, "train", "ppo", "CartPole-v1", "--num-envs", "8", "--total-steps", "100000000",
+         "--horizon", "16", "--minibatch-size", "64", "--eval-every", "0", "--run-dir", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run / "metrics.csv").exists():
+        time.sleep(0.2)
+    assert (run / "metrics.csv").exists(), "training did not start"
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "phalanx resume" in output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["latest_checkpoint"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(process.pid, 0)

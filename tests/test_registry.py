@@ -1,0 +1,123 @@
+"""make_env / register_env / list_envs / load_factory: resolution order and the errors users see."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+
+import pytest
+import torch
+
+from phalanx.envs.classic import CLASSIC_ENVS, CartPoleEnv
+from phalanx.envs.core import VecEnv
+from phalanx.envs.registry import list_envs, load_factory, make_env, register_env, unregister_env
+from phalanx.envs.workers import GymnasiumVecEnv
+from phalanx.errors import EnvError
+
+
+@pytest.fixture
+def env_id():
+    """A fresh id, unregistered afterwards."""
+    name = f"Test{uuid.uuid4().hex[:8]}-v0"
+    yield name
+    unregister_env(name)
+
+
+def test_builtin_ids_use_the_batched_simulators():
+    env = make_env("CartPole-v1", num_envs=5, seed=0)
+    assert isinstance(env, CartPoleEnv) and env.num_envs == 5
+    again = make_env("CartPole-v1", num_envs=5, seed=0)
+    assert torch.equal(env.state, again.state)  # seed given: already reset, reproducibly
+
+
+def test_gym_prefix_forces_the_adapter_and_other_gymnasium_ids_use_it():
+    env = make_env("gym:CartPole-v1", num_envs=2, seed=1)
+    assert isinstance(env, GymnasiumVecEnv) and env.env_id == "CartPole-v1"
+    assert isinstance(make_env("FrozenLake-v1", num_envs=1), GymnasiumVecEnv)
+
+
+def test_unknown_id_suggests_close_names():
+    with pytest.raises(EnvError) as info:
+        make_env("CartPole-v2")
+    message = str(info.value)
+    assert "Unknown environment id 'CartPole-v2'" in message
+    assert "Did you mean: CartPole-v1" in message and "phalanx envs" in message
+    with pytest.raises(EnvError, match="Did you mean: CartPole-v1"):
+        make_env("cartpole-v1")
+
+
+def test_missing_box2d_names_the_extra():
+    if importlib.util.find_spec("Box2D") is not None:
+        pytest.skip("Box2D is installed here")
+    with pytest.raises(
+        EnvError, match=r"'LunarLander-v3' is known to Gymnasium.*pip install 'phalanx\[box2d\]'"
+    ):
+        make_env("LunarLander-v3")
+
+
+def test_missing_mujoco_names_the_extra():
+    if importlib.util.find_spec("mujoco") is not None:
+        pytest.skip("MuJoCo is installed here")
+    with pytest.raises(EnvError, match=r"pip install 'phalanx\[mujoco\]'"):
+        make_env("HalfCheetah-v5")
+
+
+def test_bad_keyword_arguments_list_the_accepted_ones():
+    with pytest.raises(
+        EnvError, match=r"make_env\('CartPole-v1'\).*no_such_option.*It accepts: num_envs, device"
+    ):
+        make_env("CartPole-v1", no_such_option=3)
+
+
+def test_register_env(env_id):
+    def factory(num_envs, device, scale=1.0):
+        env = CartPoleEnv(num_envs=num_envs, device=device)
+        env.scale = scale
+        return env
+
+    register_env(env_id, factory)
+    env = make_env(env_id, num_envs=3, scale=2.0)
+    assert isinstance(env, VecEnv) and env.num_envs == 3 and env.scale == 2.0
+    assert env_id in list_envs()["registered"]
+    with pytest.raises(EnvError, match="already registered.*overwrite=True"):
+        register_env(env_id, factory)
+    register_env(env_id, lambda num_envs, device: CartPoleEnv(num_envs=1), overwrite=True)
+    assert make_env(env_id, num_envs=3).num_envs == 1
+
+
+def test_register_refuses_builtin_ids_and_non_vecenv_factories(env_id):
+    with pytest.raises(EnvError, match="built-in phalanx environment"):
+        register_env("CartPole-v1", lambda num_envs, device: None)
+    register_env(env_id, lambda num_envs, device: object())
+    with pytest.raises(EnvError, match="returned object, expected a phalanx.envs.VecEnv"):
+        make_env(env_id)
+
+
+def test_list_envs():
+    envs = list_envs()
+    assert set(envs) == {"builtin", "registered", "gymnasium"}
+    assert envs["builtin"] == sorted(CLASSIC_ENVS)
+    assert "CartPole-v1" in envs["gymnasium"]
+
+
+def test_load_factory(tmp_path, monkeypatch):
+    assert load_factory("phalanx.envs.classic:CartPoleEnv") is CartPoleEnv
+    assert load_factory("phalanx.envs.registry:make_env") is make_env
+    with pytest.raises(EnvError, match="expected 'module.path:callable'"):
+        load_factory("phalanx.envs.classic.CartPoleEnv")
+    with pytest.raises(EnvError, match="module 'no_such_module_xyz' not found"):
+        load_factory("no_such_module_xyz:make")
+    with pytest.raises(EnvError, match="has no attribute 'CartPoleEnvv'.*Did you mean: CartPoleEnv"):
+        load_factory("phalanx.envs.classic:CartPoleEnvv")
+    with pytest.raises(EnvError, match="'CLASSIC_ENVS' is a dict, expected a callable"):
+        load_factory("phalanx.envs.classic:CLASSIC_ENVS")
+    name = f"user_env_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("import not_installed_dependency_xyz\n")
+    (tmp_path / f"{name}_broken.py").write_text("raise RuntimeError('bad module')\n")
+    (tmp_path / f"{name}_ok.py").write_text("def make(num_envs, device):\n    return num_envs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvError, match="imports 'not_installed_dependency_xyz', which is not installed"):
+        load_factory(f"{name}:make")
+    with pytest.raises(EnvError, match="raised RuntimeError: bad module"):
+        load_factory(f"{name}_broken:make")
+    assert load_factory(f"{name}_ok:make")(num_envs=3, device="cpu") == 3

@@ -1,0 +1,183 @@
+"""The runtime end to end: learning, run directory, checkpoints, exact resume, Ctrl+C, deployment."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import phalanx
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.train.checkpoint import load_checkpoint
+from phalanx.train.trainer import Trainer, TrainingInterrupted
+
+
+def small_config(tmp_path, name="run", **overrides):
+    settings = dict(
+        num_envs=8,
+        total_steps=2048,
+        eval_every=1024,
+        eval_episodes=3,
+        log_every=256,
+        run_dir=str(tmp_path / name),
+        horizon=16,
+        minibatch_size=64,
+        epochs=2,
+        hidden_sizes=(16, 16),
+    )
+    settings.update(overrides)
+    return phalanx.make_config("ppo", settings.pop("env", "CartPole-v1"), use_preset=False, **settings)
+
+
+def parameters(run_dir, which="latest"):
+    state = load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))
+    return {**state["algorithm"]["policy"], **{"v." + k: v for k, v in state["algorithm"]["value"].items()}}
+
+
+def test_ppo_learns_cartpole_with_fixed_budget(tmp_path):
+    config = phalanx.make_config(
+        "ppo", "CartPole-v1", run_dir=str(tmp_path / "cartpole"), total_steps=400_000, stop_return=475, seed=1
+    )
+    result = phalanx.train(config, show_progress=False)
+    assert result.summary["eval_return_mean"] >= 400, result.summary
+    assert result.summary["time_to_stop_return_s"] is not None
+
+
+def test_a2c_learns_cartpole_with_fixed_budget(tmp_path):
+    config = phalanx.make_config(
+        "a2c", "CartPole-v1", run_dir=str(tmp_path / "a2c"), total_steps=300_000, stop_return=475, seed=0
+    )
+    result = phalanx.train(config, show_progress=False)
+    assert result.summary["best_eval_return"] >= 300, result.summary
+
+
+def test_ppo_continuous_improves_on_pendulum(tmp_path):
+    config = phalanx.make_config(
+        "ppo", "Pendulum-v1", run_dir=str(tmp_path / "pendulum"), total_steps=200_000, eval_every=50_000, seed=0
+    )
+    result = phalanx.train(config, show_progress=False)
+    # A random policy scores about -1200; the budget is far from solving, but learning must show.
+    assert result.summary["best_eval_return"] > -1000, result.summary
+
+
+def test_run_directory_layout(tmp_path):
+    result = phalanx.train(small_config(tmp_path), show_progress=False)
+    run = result.run_dir
+    for name in ("config.yaml", "metrics.csv", "curve.png", "summary.json"):
+        assert (run / name).is_file(), name
+    assert list(run.glob("events.out.tfevents.*"))
+    assert (run / "checkpoints" / "best" / "state.pt").is_file()
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert latest == "step_2048"
+    state = torch.load(run / "checkpoints" / latest / "state.pt", weights_only=True)
+    assert state["progress"]["steps"] == 2048
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("env", "algo", "seed", "total_steps", "wall_time_s", "time_to_stop_return_s"):
+        assert key in summary
+    assert summary["time_to_stop_return_s"] is None
+    assert summary["eval_return_mean"] is not None and summary["eval_return_std"] is not None
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["hyperparameters"]["horizon"] == 16
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert header[:3] == ["steps", "wall_time_s", "steps_per_second"]
+
+
+def test_checkpoint_rotation_keeps_the_last_few(tmp_path):
+    config = small_config(tmp_path, checkpoint_every=256, keep_checkpoints=2)
+    result = phalanx.train(config, show_progress=False)
+    steps = sorted(p.name for p in (result.run_dir / "checkpoints").glob("step_*"))
+    assert steps == ["step_1792", "step_2048"]
+
+
+def test_seeded_runs_repeat_exactly(tmp_path):
+    a = phalanx.train(small_config(tmp_path, "a", seed=3), show_progress=False)
+    b = phalanx.train(small_config(tmp_path, "b", seed=3), show_progress=False)
+    c = phalanx.train(small_config(tmp_path, "c", seed=4), show_progress=False)
+    pa, pb, pc = parameters(a.run_dir), parameters(b.run_dir), parameters(c.run_dir)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert not all(torch.equal(pa[k], pc[k]) for k in pa)
+
+
+@pytest.mark.parametrize(
+    "env, extra",
+    [("CartPole-v1", {}), ("Pendulum-v1", {"normalize_obs": True, "normalize_reward": True})],
+)
+def test_resume_continues_exactly(tmp_path, env, extra):
+    straight = phalanx.train(small_config(tmp_path, "straight", env=env, total_steps=4096, **extra), show_progress=False)
+    half = phalanx.train(small_config(tmp_path, "half", env=env, total_steps=2048, **extra), show_progress=False)
+    resumed = phalanx.resume(half.run_dir, total_steps=4096, show_progress=False)
+    assert resumed.summary["total_steps"] == 4096
+    a, b = parameters(straight.run_dir), parameters(resumed.run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed parameters differ from the straight run"
+    rows = (resumed.run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("steps,") and len(rows) > 10  # appended, header once
+
+
+def test_deployed_agent_reproduces_final_evaluation(tmp_path):
+    result = phalanx.train(small_config(tmp_path, env="Pendulum-v1", normalize_obs=True), show_progress=False)
+    evaluation = phalanx.evaluate(result.run_dir, episodes=3, checkpoint="latest")
+    assert evaluation.mean == pytest.approx(result.summary["eval_return_mean"], rel=1e-5)
+    agent = phalanx.load_agent(result.run_dir, checkpoint="latest")
+    single = agent.act(np.zeros(3, dtype=np.float32))
+    assert single.shape == (1,) and -2.0 <= single[0] <= 2.0
+    batch = agent.act(torch.zeros(5, 3))
+    assert batch.shape == (5, 1)
+    with pytest.raises(ValueError, match=r"expected \(3,\)"):
+        agent.act(np.zeros(4, dtype=np.float32))
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+    trainer = Trainer(small_config(tmp_path), show_progress=False)
+    calls = {"n": 0}
+    original = trainer.learner.update
+
+    def interrupt_on_third(progress):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(progress)
+
+    monkeypatch.setattr(trainer.learner, "update", interrupt_on_third)
+    with pytest.raises(TrainingInterrupted, match="phalanx resume"):
+        trainer.train()
+    summary = json.loads((trainer.run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["total_steps"] == 3 * 128
+    resumed = phalanx.resume(trainer.run_dir, show_progress=False)
+    assert resumed.summary["total_steps"] == 2048
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    run = tmp_path / "taken"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="never overwrites"):
+        Trainer(small_config(tmp_path, "taken"), show_progress=False)
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    result = phalanx.train(small_config(tmp_path), show_progress=False)
+    path = result.run_dir / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["hyperparameters"]["hidden_sizes"] = [32, 32]
+    path.write_text(yaml.safe_dump(data))
+    before = sorted(p.name for p in (result.run_dir / "checkpoints").iterdir())
+    with pytest.raises(CheckpointError, match=r"hyperparameters.hidden_sizes: checkpoint has \[16, 16\]"):
+        phalanx.resume(result.run_dir, total_steps=4096, show_progress=False)
+    assert sorted(p.name for p in (result.run_dir / "checkpoints").iterdir()) == before
+
+
+def test_foreign_and_corrupt_checkpoints_are_refused(tmp_path):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    with pytest.raises(CheckpointError, match="not a phalanx checkpoint"):
+        load_checkpoint(foreign)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00not a zip file at all")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_checkpoint(corrupt)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
