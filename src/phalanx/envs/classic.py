@@ -4,15 +4,17 @@ Each class reproduces the physics, rewards, termination, initial-state distribut
 limit of the Gymnasium 1.4 reference (``gymnasium.envs.classic_control``) for ``num_envs`` copies at
 once, as tensor operations on one device: no Python loop over sub-envs, no host synchronisation.
 ``self.state`` has exactly the layout of the reference's ``env.unwrapped.state``, one row per
-sub-env; observations and rewards are float32.
+sub-env.
 
-Precision: Gymnasium computes in float64 NumPy. The physics here runs in ``dtype``. CartPole and
+Precision: Gymnasium computes in float64 NumPy; the physics here runs in ``dtype``. CartPole and
 MountainCarContinuous default to float32, which tracks the reference within ~2e-5 over whole
-episodes (the reference itself stores MountainCar's state in float32). Pendulum and Acrobot are
-chaotic: float32 rounding grows to 1e-4 within ~50 steps and to O(1e-2..1) within an episode, and an
-Acrobot RK4 step at high joint speeds amplifies rounding ~1e4-fold on its own. They therefore default
-to float64, which follows the reference over whole episodes (float32 on MPS, which has no float64).
-Pass ``dtype`` to choose either way.
+random-action episodes (the reference itself stores MountainCar's state in float32). Pendulum and
+Acrobot are chaotic: float32 rounding grows to 1e-4 within ~50 steps and to 1e-2..O(1) within an
+episode, and an Acrobot RK4 step at high joint speeds amplifies rounding ~1e4-fold by itself. They
+default to float64 (float32 on MPS, which has no float64), in the reference's operation order:
+Pendulum then matches it over whole episodes, Acrobot over whole random-action episodes and ~150
+steps of vigorous swinging, beyond which the reference diverges even from itself perturbed by one
+ulp. Pass ``dtype`` to choose either way; observations and rewards are float32 regardless.
 
 Autoreset, truncation, episode statistics, seeding and checkpointing come from
 :class:`~phalanx.envs.core.BatchedVecEnv`.
@@ -49,7 +51,9 @@ class _ClassicEnv(BatchedVecEnv):
         if dtype is None:
             dtype = torch.float32 if self.device.type == "mps" else self.default_dtype
         if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"{type(self).__name__}: dtype must be torch.float32 or torch.float64, got {dtype}.")
+            raise ValueError(
+                f"{type(self).__name__}: dtype must be torch.float32 or torch.float64, got {dtype}."
+            )
         self.dtype = dtype
         self.state = torch.zeros(self.num_envs, state_dim, dtype=dtype, device=self.device)  # (N, d)
 
@@ -96,9 +100,7 @@ class CartPoleEnv(_ClassicEnv):
             [self.x_threshold * 2, np.inf, self.theta_threshold_radians * 2, np.inf], dtype=np.float32
         )
         observation_space = spaces.Box(-high, high, dtype=np.float32)
-        super().__init__(
-            num_envs, observation_space, spaces.Discrete(2), 4, device, max_episode_steps, dtype
-        )
+        super().__init__(num_envs, observation_space, spaces.Discrete(2), 4, device, max_episode_steps, dtype)
         self.sutton_barto_reward = sutton_barto_reward
 
     def _reset_rows(self, mask: Tensor) -> None:
@@ -183,15 +185,15 @@ class PendulumEnv(_ClassicEnv):
 
     def _advance(self, actions: Tensor) -> tuple[Tensor, Tensor]:
         th, thdot = self.state.unbind(-1)  # each (N,)
-        g, m, l, dt = self.g, self.m, self.l, self.dt
+        g, m, length, dt = self.g, self.m, self.l, self.dt
         # Gymnasium multiplies the float32 action by Python floats, which NumPy does in float32; the
         # terms in u are computed in float32 here too, so that dtype=float64 matches it closely.
         u = actions[:, 0].to(torch.float32).clamp(-self.max_torque, self.max_torque)  # (N,)
         u_cost = (0.001 * u.square()).to(self.dtype)
-        u_acc = (3.0 / (m * l**2) * u).to(self.dtype)
+        u_acc = (3.0 / (m * length**2) * u).to(self.dtype)
 
         costs = angle_normalize(th).square() + 0.1 * thdot.square() + u_cost
-        newthdot = thdot + (3 * g / (2 * l) * torch.sin(th) + u_acc) * dt
+        newthdot = thdot + (3 * g / (2 * length) * torch.sin(th) + u_acc) * dt
         newthdot = newthdot.clamp(-self.max_speed, self.max_speed)
         newth = th + newthdot * dt
         self.state = torch.stack((newth, newthdot), dim=-1)  # (N, 2)
@@ -295,9 +297,7 @@ class AcrobotEnv(_ClassicEnv):
     ) -> None:
         high = np.array([1.0, 1.0, 1.0, 1.0, self.MAX_VEL_1, self.MAX_VEL_2], dtype=np.float32)
         observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
-        super().__init__(
-            num_envs, observation_space, spaces.Discrete(3), 4, device, max_episode_steps, dtype
-        )
+        super().__init__(num_envs, observation_space, spaces.Discrete(3), 4, device, max_episode_steps, dtype)
 
     def _reset_rows(self, mask: Tensor) -> None:
         self._set_rows(mask, self._sample(-0.1, 0.1, (self.num_envs, 4)))
@@ -312,6 +312,7 @@ class AcrobotEnv(_ClassicEnv):
         cos2, sin2 = torch.cos(theta2), torch.sin(theta2)
         d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * cos2) + i1 + i2
         d2 = m2 * (lc2**2 + l1 * lc2 * cos2) + i2
+        # cos(a - pi/2) rather than sin(a), as Gymnasium writes it: the same rounding in float64.
         phi2 = m2 * lc2 * g * torch.cos(theta1 + theta2 - math.pi / 2.0)
         phi1 = (
             -m2 * l1 * lc2 * dtheta2.square() * sin2
