@@ -51,7 +51,9 @@ class PointMassEnv(BatchedVecEnv):
 
 
 def main(argv: list[str] | None = None) -> phalanx.TrainResult:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--total-steps", type=int, default=300_000)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--run-dir", default=None)

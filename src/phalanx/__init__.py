@@ -1,9 +1,9 @@
 """phalanx: massively parallel deep reinforcement learning in PyTorch.
 
-    import phalanx
-    config = phalanx.make_config("ppo", "CartPole-v1", stop_return=475)
-    result = phalanx.train(config)
-    agent = phalanx.load_agent(result.run_dir)
+import phalanx
+config = phalanx.make_config("ppo", "CartPole-v1", stop_return=475)
+result = phalanx.train(config)
+agent = phalanx.load_agent(result.run_dir)
 """
 
 from phalanx.agent import Agent, evaluate, load_agent

@@ -25,7 +25,9 @@ from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, spaces_from_spec
 class Agent:
     """A trained policy with its observation normalisation and action rescaling."""
 
-    def __init__(self, config: TrainConfig, state: dict[str, Any], device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, config: TrainConfig, state: dict[str, Any], device: str | torch.device = "cpu"
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
@@ -49,7 +51,9 @@ class Agent:
     def act(self, obs: Any, deterministic: bool = True) -> Any:
         """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single."""
         is_numpy = not isinstance(obs, torch.Tensor)
-        obs_tensor = torch.as_tensor(np.asarray(obs) if is_numpy else obs, dtype=torch.float32, device=self.device)
+        obs_tensor = torch.as_tensor(
+            np.asarray(obs) if is_numpy else obs, dtype=torch.float32, device=self.device
+        )
         single = obs_tensor.dim() == len(self.observation_space.shape)
         if single:
             obs_tensor = obs_tensor.unsqueeze(0)
@@ -103,7 +107,11 @@ def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torc
 
 
 def evaluate(
-    run_dir: str | Path, episodes: int = 10, checkpoint: str = "best", device: str | None = None, seed: int | None = None
+    run_dir: str | Path,
+    episodes: int = 10,
+    checkpoint: str = "best",
+    device: str | None = None,
+    seed: int | None = None,
 ) -> Evaluation:
     """Run ``episodes`` deterministic episodes of a trained agent on its training environment."""
     config, state = _load(run_dir, checkpoint)

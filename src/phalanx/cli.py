@@ -37,7 +37,13 @@ commands:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": cmd_train, "eval": cmd_eval, "resume": cmd_resume, "envs": cmd_envs, "check-env": cmd_check_env}
+    commands = {
+        "train": cmd_train,
+        "eval": cmd_eval,
+        "resume": cmd_resume,
+        "envs": cmd_envs,
+        "check-env": cmd_check_env,
+    }
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -76,7 +82,11 @@ def cli_config_class(algorithm: Any) -> type:
         [
             ("algo", tyro.conf.Suppress[str], dataclasses.field(default="")),
             ("env", tyro.conf.Suppress[str], dataclasses.field(default="")),
-            ("hyperparameters", algorithm.config_class, dataclasses.field(default_factory=algorithm.config_class)),
+            (
+                "hyperparameters",
+                algorithm.config_class,
+                dataclasses.field(default_factory=algorithm.config_class),
+            ),
         ],
         bases=(TrainConfig,),
     )
@@ -129,7 +139,7 @@ def parse_train_args(argv: list[str]) -> Any:
         args=rest,
         default=cls(**base),
         prog=f"phalanx train {algorithm.name} {env or 'ENV'}",
-        description=f"Train {algorithm.name.upper()} on {env or 'ENV'} (defaults include the shipped preset).",
+        description=f"Train {algorithm.name.upper()} on {env or 'ENV'} (defaults include the preset).",
         config=(tyro.conf.OmitArgPrefixes,),
     )
     config = TrainConfig(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(TrainConfig)})
@@ -153,13 +163,17 @@ def cmd_train(argv: list[str]) -> int:
 
 # -- eval / resume --------------------------------------------------------------------------------
 def cmd_eval(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="phalanx eval", description="Evaluate a trained agent deterministically.")
+    parser = argparse.ArgumentParser(
+        prog="phalanx eval", description="Evaluate a trained agent deterministically."
+    )
     parser.add_argument("run_dir")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
-    parser.add_argument("--video", action="store_true", help="also record one episode to RUN_DIR/videos/ (GIF)")
+    parser.add_argument(
+        "--video", action="store_true", help="also record one episode to RUN_DIR/videos/ (GIF)"
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise PhalanxError(f"--episodes must be >= 1, got {args.episodes}.")
@@ -181,7 +195,9 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_resume(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="phalanx resume", description="Continue a run from its latest checkpoint.")
+    parser = argparse.ArgumentParser(
+        prog="phalanx resume", description="Continue a run from its latest checkpoint."
+    )
     parser.add_argument("run_dir")
     parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
     args = parser.parse_args(argv)

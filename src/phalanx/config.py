@@ -104,7 +104,12 @@ class TrainConfig:
         check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
         check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
-        check(_is_int(self.eval_episodes) and self.eval_episodes >= 1, "eval_episodes", self.eval_episodes, ">= 1")
+        check(
+            _is_int(self.eval_episodes) and self.eval_episodes >= 1,
+            "eval_episodes",
+            self.eval_episodes,
+            ">= 1",
+        )
         check(
             _is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
             "checkpoint_every",
@@ -118,12 +123,19 @@ class TrainConfig:
             ">= 1 (the latest checkpoint is needed to resume)",
         )
         check(_is_int(self.log_every) and self.log_every >= 1, "log_every", self.log_every, ">= 1")
-        check(_is_int(self.torch_threads) and self.torch_threads >= 0, "torch_threads", self.torch_threads, ">= 0")
+        check(
+            _is_int(self.torch_threads) and self.torch_threads >= 0,
+            "torch_threads",
+            self.torch_threads,
+            ">= 0",
+        )
         self.hyperparameters.validate(self)
 
     # -- dict/YAML round trip --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hyperparameters"}
+        data = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hyperparameters"
+        }
         data["hyperparameters"] = {
             f.name: _plain(getattr(self.hyperparameters, f.name))
             for f in dataclasses.fields(self.hyperparameters)
@@ -135,14 +147,21 @@ class TrainConfig:
         """Build from a (possibly partial) dict with ``algo`` and ``env``; unknown keys are errors."""
         if "algo" not in data or "env" not in data:
             raise ConfigError(f"{where}: needs 'algo' and 'env' keys, got keys {sorted(data)}.")
-        return make_config(data["algo"], data["env"], where=where, **{k: v for k, v in data.items() if k not in ("algo", "env")})
+        return make_config(
+            data["algo"],
+            data["env"],
+            where=where,
+            **{k: v for k, v in data.items() if k not in ("algo", "env")},
+        )
 
 
 def check(condition: bool, name: str, value: Any, expected: str) -> None:
     """Raise a ConfigError saying which setting is wrong, its value, and what it must be."""
     if not condition:
         flag = "--" + name.replace("_", "-")
-        raise ConfigError(f"{name} = {value!r} is invalid: expected {expected}. Fix it with {flag} or in the config file.")
+        raise ConfigError(
+            f"{name} = {value!r} is invalid: expected {expected}. Fix it with {flag} or in the config file."
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -174,7 +193,9 @@ def presets(algo: str) -> dict[str, dict[str, Any]]:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def make_config(algo: str, env: str, *, use_preset: bool = True, where: str = "arguments", **overrides: Any) -> TrainConfig:
+def make_config(
+    algo: str, env: str, *, use_preset: bool = True, where: str = "arguments", **overrides: Any
+) -> TrainConfig:
     """The config for ``algo`` on ``env``: defaults, then the shipped preset, then ``overrides``.
 
     Overrides may name any TrainConfig field or any hyperparameter of the algorithm, flat
@@ -222,7 +243,8 @@ def _unknown_key(key: str, valid: set[str], algo: str, where: str) -> None:
     close = difflib.get_close_matches(key, sorted(valid), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(
-        f"{where}: unknown setting {key!r} for algo {algo!r}.{hint} Valid settings: {', '.join(sorted(valid))}."
+        f"{where}: unknown setting {key!r} for algo {algo!r}.{hint} "
+        f"Valid settings: {', '.join(sorted(valid))}."
     )
 
 
@@ -232,14 +254,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist. Check the path passed to --config.") from None
+        raise ConfigError(
+            f"config file {str(path)!r} does not exist. Check the path passed to --config."
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"config file {str(path)!r} must hold a mapping of settings (key: value), got a {type(data).__name__}."
+            f"config file {str(path)!r} must hold a mapping of settings (key: value), "
+            f"got a {type(data).__name__}."
         )
     return data
 

@@ -14,7 +14,7 @@ class ConfigError(PhalanxError, ValueError):
 
 
 class EnvError(PhalanxError, ValueError):
-    """An environment id is unknown, or an environment cannot be built."""
+    """An environment id is unknown, an environment cannot be built, or it is given invalid actions."""
 
 
 class ContractError(PhalanxError):

@@ -27,6 +27,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from phalanx.errors import ConfigError, EnvError
+
 Tensor = torch.Tensor
 
 
@@ -35,12 +37,11 @@ def as_device(device: str | torch.device) -> torch.device:
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"device {device!r} is not a valid torch device ({error}). "
-            "Use 'cpu', 'cuda', 'cuda:0', or 'mps'."
+        raise ConfigError(
+            f"device {device!r} is not a valid torch device ({error}). Use 'cpu', 'cuda', 'cuda:0', or 'mps'."
         ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise ConfigError(
             f"device {str(device)!r} was requested but CUDA is not available on this machine "
             f"(torch {torch.__version__}). Use --device cpu, or install a CUDA build of torch."
         )
@@ -65,9 +66,7 @@ class VecEnv(gym.vector.VectorEnv):
         device: str | torch.device = "cpu",
     ) -> None:
         if not isinstance(num_envs, (int, np.integer)) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(
-                f"{type(self).__name__}: num_envs must be an integer >= 1, got {num_envs!r}."
-            )
+            raise ConfigError(f"{type(self).__name__}: num_envs must be an integer >= 1, got {num_envs!r}.")
         self.num_envs = int(num_envs)
         self.device = as_device(device)
         self.single_observation_space = single_observation_space
@@ -150,7 +149,7 @@ class BatchedVecEnv(VecEnv):
     ) -> None:
         super().__init__(num_envs, single_observation_space, single_action_space, device)
         if max_episode_steps is not None and max_episode_steps < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__}: max_episode_steps must be >= 1 or None, got {max_episode_steps}."
             )
         self.max_episode_steps = max_episode_steps
@@ -216,7 +215,7 @@ class BatchedVecEnv(VecEnv):
             # float64 numpy actions must not silently turn the physics into float64
             actions = actions.to(self.device, self._action_dtype)
         if tuple(actions.shape) != self._action_shape:
-            raise ValueError(
+            raise EnvError(
                 f"{type(self).__name__}.step: actions have shape {tuple(actions.shape)}, expected "
                 f"{self._action_shape} (num_envs={self.num_envs}, action space "
                 f"{self.single_action_space}). Pass one action per sub-env."

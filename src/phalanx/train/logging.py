@@ -30,7 +30,9 @@ class RunLogger:
     a resumed run appends to the existing file with its header.
     """
 
-    def __init__(self, run_dir: Path, total_steps: int, show_progress: bool = True, tensorboard: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, total_steps: int, show_progress: bool = True, tensorboard: bool = True
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.csv_path = self.run_dir / "metrics.csv"
         self.columns: list[str] | None = None
@@ -166,7 +168,10 @@ def plot_curve(run_dir: Path, title: str) -> Path | None:
         axis.plot(steps, values, marker="o", label="evaluation (deterministic)")
         if len(std) == len(values):
             axis.fill_between(
-                steps, [v - s for v, s in zip(values, std)], [v + s for v, s in zip(values, std)], alpha=0.2
+                steps,
+                [v - s for v, s in zip(values, std, strict=True)],
+                [v + s for v, s in zip(values, std, strict=True)],
+                alpha=0.2,
             )
     axis.set_xlabel("environment steps")
     axis.set_ylabel("episode return")

@@ -101,7 +101,8 @@ def create_run_dir(config: TrainConfig) -> Path:
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
-            f"run directory {str(run_dir)!r} already exists and is not empty; phalanx never overwrites a run. "
+            f"run directory {str(run_dir)!r} already exists and is not empty; "
+            "phalanx never overwrites a run. "
             f"Continue it with `phalanx resume {run_dir}`, or choose another --run-dir."
         )
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +127,14 @@ class Trainer:
         algorithm_class.check_spaces(self.env.single_observation_space, self.env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
         self.obs_statistics = normalizer.statistics if normalizer is not None else None
-        self.eval_env = build_env(config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics)
+        self.eval_env = build_env(
+            config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics
+        )
         self.algorithm: Algorithm = algorithm_class(
-            config.hyperparameters, self.env.single_observation_space, self.env.single_action_space, self.device
+            config.hyperparameters,
+            self.env.single_observation_space,
+            self.env.single_action_space,
+            self.device,
         )
         self.spaces = space_spec(self.env.single_observation_space, self.env.single_action_space)
         hp = config.hyperparameters
@@ -249,8 +255,11 @@ class Trainer:
             path = self.save()
             self.write_summary(interrupted=True)
             raise TrainingInterrupted(self.run_dir, self.steps, path) from None
-        except BaseException:
+        except BaseException as error:
+            # Whatever stops the run, what it wrote stays: the logs, the checkpoints saved so far, and
+            # a summary that names the error (no checkpoint of a state that may be corrupt, e.g. NaN).
             self.logger.close()
+            self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
 
         if self.last_evaluation_step != self.steps:
@@ -287,7 +296,7 @@ class Trainer:
             )
         return True
 
-    def write_summary(self, interrupted: bool) -> dict[str, Any]:
+    def write_summary(self, interrupted: bool, error: str | None = None) -> dict[str, Any]:
         wall = self.stopwatch()
         evaluation = self.last_evaluation
         summary = {
@@ -307,6 +316,7 @@ class Trainer:
             "eval_episodes": len(evaluation.returns) if evaluation else 0,
             "best_eval_return": self.evaluator.best_return if evaluation else None,
             "interrupted": interrupted,
+            "error": error,
             "run_dir": str(self.run_dir),
             "latest_checkpoint": str(self.checkpoints.latest()) if self.checkpoints.latest() else None,
         }
@@ -373,7 +383,9 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
 def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
     ignored = {"total_steps", "run_dir"}
     a, b = saved.to_dict(), current.to_dict()
-    differences = [(k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)]
+    differences = [
+        (k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)
+    ]
     for key, value in a["hyperparameters"].items():
         if value != b["hyperparameters"].get(key):
             differences.append((f"hyperparameters.{key}", value, b["hyperparameters"].get(key)))

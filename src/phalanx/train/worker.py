@@ -59,7 +59,9 @@ class Worker:
             actions, log_probs, values = self.algorithm.explore(self.obs)
             next_obs, rewards, terminated, truncated, info = self.env.step(actions)
             dones = terminated | truncated
-            buffer.add(step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"])
+            buffer.add(
+                step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
+            )
             self.episodes.record(info["episode_return"], info["episode_length"], dones)
             self.obs = next_obs
         return buffer
