@@ -79,10 +79,9 @@ def test_algorithm_and_action_space_mismatch_is_refused_before_the_run_dir(tmp_p
 def test_nan_in_the_env_stops_with_the_sub_env_and_keeps_the_logs(tmp_path, registered, capsys):
     registered("ExplodingPendulum-v0", ExplodingPendulum)
     run = tmp_path / "run"
-    code = main(
-        ["train", "ppo", "ExplodingPendulum-v0", "--num-envs", "4", "--horizon", "16", "--minibatch-size", "32",
-         "--total-steps", "4096", "--eval-every", "0", "--log-every", "64", "--run-dir", str(run)]
-    )  # fmt: skip
+    flags = ["--num-envs", "4", "--horizon", "16", "--minibatch-size", "32", "--total-steps", "4096"]
+    flags += ["--eval-every", "0", "--log-every", "64", "--run-dir", str(run)]
+    code = main(["train", "ppo", "ExplodingPendulum-v0", *flags])
     out = " ".join(capsys.readouterr().err.split())
     assert code == 2, out
     assert "sub-env" in out and "Traceback" not in out

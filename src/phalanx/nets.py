@@ -204,6 +204,16 @@ def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int
 # -- policies and values -----------------------------------------------------------------------------
 
 
+def _log_softmax_actions_first(logits: Tensor) -> Tensor:
+    """Log-probabilities ``(A, B...)`` of logits ``(B..., A)``: ``log_softmax(logits, -1)``, actions first.
+
+    With few actions, reducing over the short, contiguous last dim is slow on CPU (one tiny
+    reduction per row, and on 2+ threads a parallel region even for 10 rows); reducing over dim 0 of
+    the transposed view vectorises across the batch instead. Same values, 2-5x faster here.
+    """
+    return torch.log_softmax(logits.movedim(-1, 0), dim=0)  # (A, B...)
+
+
 class CategoricalPolicy(nn.Module):
     """Discrete actions: an MLP gives logits ``(B, num_actions)``; actions are int64 ``(B,)``."""
 
@@ -226,25 +236,28 @@ class CategoricalPolicy(nn.Module):
         self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(action, log_prob)``, both ``(B,)``; deterministic takes the argmax."""
-        log_probs = torch.log_softmax(self(obs), dim=-1)  # (B, A)
+        log_probs = _log_softmax_actions_first(self(obs))  # (A, B)
         if deterministic:
-            action = log_probs.argmax(dim=-1)
+            action = log_probs.argmax(dim=0)
         else:  # Gumbel-max trick: argmax(log p + Gumbel noise) ~ Categorical(p)
-            uniform = torch.rand(
-                log_probs.shape, generator=generator, device=log_probs.device, dtype=log_probs.dtype
+            uniform = torch.rand(  # (B, A): noise[b, a] for action a of row b
+                (*log_probs.shape[1:], log_probs.shape[0]),
+                generator=generator,
+                device=log_probs.device,
+                dtype=log_probs.dtype,
             )
             gumbel = -torch.log(-torch.log(uniform))  # uniform = 0 gives -inf: never chosen
-            action = (log_probs + gumbel).argmax(dim=-1)
-        log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+            action = (log_probs + gumbel.movedim(-1, 0)).argmax(dim=0)
+        log_prob = log_probs.gather(0, action.unsqueeze(0)).squeeze(0)
         return action, log_prob
 
     def log_prob_entropy(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability of ``action`` ``(B,)`` and entropy of the policy, both ``(B,)``."""
-        log_probs = torch.log_softmax(self(obs), dim=-1)  # (B, A)
-        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        log_probs = _log_softmax_actions_first(self(obs))  # (A, B)
+        log_prob = log_probs.gather(0, action.long().unsqueeze(0)).squeeze(0)
         # as torch.distributions.Categorical: clamp so that 0 * log(0) gives 0 rather than nan
         log_probs = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(dim=0)
         return log_prob, entropy
 
     def deterministic_action(self, obs: Tensor) -> Tensor:

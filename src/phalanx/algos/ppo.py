@@ -149,7 +149,9 @@ class PPO(Algorithm):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        actions, _ = self.policy.sample(obs, deterministic=deterministic)
+        if deterministic:  # argmax of the logits / the mean: no log-probabilities needed
+            return self.policy.deterministic_action(obs)
+        actions, _ = self.policy.sample(obs)
         return actions
 
     # -- learning --------------------------------------------------------------------------------
@@ -186,7 +188,8 @@ class PPO(Algorithm):
         num_steps = 0
         for _epoch in range(self.num_epochs()):
             for index in torch.randperm(batch_size, device=self.device).split(self.minibatch_size(batch_size)):
-                log_probs, entropy = self.policy.log_prob_entropy(obs[index], actions[index])
+                minibatch_obs = obs[index]
+                log_probs, entropy = self.policy.log_prob_entropy(minibatch_obs, actions[index])
                 log_ratio = log_probs - old_log_probs[index]
                 ratio = log_ratio.exp()
                 minibatch_advantages = advantages[index]
@@ -195,7 +198,7 @@ class PPO(Algorithm):
                         minibatch_advantages.std() + 1e-8
                     )
                 policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, minibatch_advantages)
-                value_loss = self.value_loss(self.value(obs[index]), old_values[index], returns[index])
+                value_loss = self.value_loss(self.value(minibatch_obs), old_values[index], returns[index])
                 entropy_mean = entropy.mean()
                 loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
 
