@@ -59,7 +59,7 @@ def test_preset_and_flags_and_config_file_compose(tmp_path):
             ["train", "ppo", "CartPole-v1", "--num-envs", "4", "--horizon", "8", "--minibatch-size", "64"],
             "rollout size horizon * num_envs = 8 * 4 = 32",
         ),
-        (["train", "ppo"], "needs an algorithm and an environment"),
+        (["train", "ppo"], "needs an algorithm and an environment: phalanx train ALGO ENV [flags]"),
         (["eval", "/nonexistent/run"], "is not a phalanx run directory"),
         (["resume", "/nonexistent/run"], "is not a phalanx run directory"),
         (["check-env", "no_such_module_xyz:make"], "no_such_module_xyz"),

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from phalanx.errors import PhalanxError
@@ -36,6 +38,8 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `phalanx envs | head` ends quietly
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "train": cmd_train,
@@ -58,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
 
         close = difflib.get_close_matches(argv[0], list(commands), n=1)
         hint = f" Did you mean `phalanx {close[0]}`?" if close else ""
-        console.print(f"[bold red]error:[/] unknown command {argv[0]!r}.{hint}\n{USAGE}")
+        console.print(f"[bold red]error:[/] {escape(f'unknown command {argv[0]!r}.{hint}')}\n{escape(USAGE)}")
         return 2
     try:
         return command(argv[1:])
     except PhalanxError as error:
-        console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
@@ -156,7 +160,7 @@ def cmd_train(argv: list[str]) -> int:
     try:
         result = trainer.train()
     except TrainingInterrupted as interrupted:
-        console.print(f"[yellow]{interrupted}[/]", highlight=False)
+        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
     return 0 if config.stop_return is None or result.summary["time_to_stop_return_s"] is not None else 1
 
@@ -206,7 +210,7 @@ def cmd_resume(argv: list[str]) -> int:
     try:
         resume(args.run_dir, args.total_steps)
     except TrainingInterrupted as interrupted:
-        console.print(f"[yellow]{interrupted}[/]", highlight=False)
+        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
     return 0
 
