@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from phalanx.algos import get_algorithm
-from phalanx.config import TrainConfig, load_yaml
+from phalanx.config import TrainConfig
 from phalanx.errors import CheckpointError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, Evaluator
-from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, spaces_from_spec
+from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, read_run_config, spaces_from_spec
 
 
 class Agent:
@@ -89,15 +89,8 @@ def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
 
 
 def _load(run_dir: str | Path, checkpoint: str) -> tuple[TrainConfig, dict[str, Any]]:
-    run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise CheckpointError(
-            f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
-            "Pass the directory that `phalanx train` created."
-        )
-    config = TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
-    return config, load_checkpoint(_checkpoint_path(run_dir, checkpoint))
+    config = read_run_config(run_dir)
+    return config, load_checkpoint(_checkpoint_path(Path(run_dir), checkpoint))
 
 
 def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> Agent:

@@ -79,6 +79,12 @@ class _ApiCheck(gym.Wrapper):
         return result
 
 
+def _float32_box(space: gym.spaces.Box) -> gym.spaces.Box:
+    return gym.spaces.Box(
+        space.low.astype(np.float32), space.high.astype(np.float32), shape=space.shape, dtype=np.float32
+    )
+
+
 class GymnasiumVecEnv(VecEnv):
     """``num_envs`` copies of a Gymnasium env, run in-process, behind the phalanx VecEnv contract.
 
@@ -198,24 +204,14 @@ class GymnasiumVecEnv(VecEnv):
         if isinstance(space, gym.spaces.Discrete):
             return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
         if isinstance(space, gym.spaces.Box):
-            return gym.spaces.Box(
-                space.low.astype(np.float32),
-                space.high.astype(np.float32),
-                shape=space.shape,
-                dtype=np.float32,
-            )
+            return _float32_box(space)
         raise self._unsupported("observation", space)
 
     def _convert_action_space(self, space: gym.Space) -> gym.Space:
         if isinstance(space, gym.spaces.Discrete):
             return gym.spaces.Discrete(int(space.n), start=int(space.start))
         if isinstance(space, gym.spaces.Box):
-            return gym.spaces.Box(
-                space.low.astype(np.float32),
-                space.high.astype(np.float32),
-                shape=space.shape,
-                dtype=np.float32,
-            )
+            return _float32_box(space)
         raise self._unsupported("action", space)
 
     # -- conversions -------------------------------------------------------------------------------

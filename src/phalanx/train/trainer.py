@@ -343,16 +343,22 @@ def train(config: TrainConfig, show_progress: bool = True) -> TrainResult:
     return Trainer(config, show_progress=show_progress).train()
 
 
-def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: bool = True) -> TrainResult:
-    """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``."""
-    run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
+def read_run_config(run_dir: str | Path) -> TrainConfig:
+    """The config.yaml of a run directory, with a clear error if ``run_dir`` is not one."""
+    config_path = Path(run_dir) / "config.yaml"
     if not config_path.is_file():
         raise CheckpointError(
             f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
             "Pass the directory that `phalanx train` created (runs/<env>__<algo>__...)."
         )
-    config = TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
+    return TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
+
+
+def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: bool = True) -> TrainResult:
+    """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    config = read_run_config(run_dir)
     latest = CheckpointManager(run_dir).latest()
     if latest is None:
         raise CheckpointError(
