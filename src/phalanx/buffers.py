@@ -1,4 +1,4 @@
-"""Storage for on-policy rollouts on the training device, and generalized advantage estimation.
+"""Storage on the training device: on-policy rollouts with GAE, and the off-policy replay buffer.
 
 Everything stays on one device as preallocated tensors: writing a step is a few ``copy_`` calls
 and computing advantages is a short loop of elementwise kernels, with no host synchronisation.
@@ -6,12 +6,15 @@ and computing advantages is a short loop of elementwise kernels, with no host sy
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from phalanx.errors import CheckpointError
+from phalanx.errors import CheckpointError, ConfigError
 
 Tensor = torch.Tensor
 
@@ -177,6 +180,166 @@ def compute_gae(
     return advantages, advantages + values
 
 
-# The device ReplayBuffer for off-policy algorithms (a later issue) will live here too: a ring of
-# preallocated (capacity, *shape) tensors on the training device, with the same next_obs /
-# terminated convention as RolloutBuffer so that TD targets bootstrap across truncations.
+# -- off-policy -------------------------------------------------------------------------------------
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free memory on ``device`` in bytes (None if unknown)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as file:
+                for line in file:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+@dataclass
+class ReplayBatch:
+    """A sampled batch; ``rewards`` and ``discounts`` already fold in n-step returns.
+
+    The TD target is ``rewards + discounts * V(next_obs)``: ``discounts`` is ``gamma**k`` for a
+    k-step return that reached ``next_obs`` and 0 where the episode terminated on the way.
+    """
+
+    obs: Tensor  # (B, *obs_shape)
+    actions: Tensor  # (B, *action_shape)
+    rewards: Tensor  # (B,)
+    next_obs: Tensor  # (B, *obs_shape)
+    discounts: Tensor  # (B,)
+
+
+class ReplayBuffer:
+    """A ring of past transitions on the training device, fed one VecEnv step (N rows) at a time.
+
+    Storage is time-major, ``(slots, N, ...)`` with ``slots = capacity // N``, so each sub-env's
+    transitions stay in order and n-step returns are a gather along the time axis. ``next_obs`` is the
+    true next observation (the env's ``final_obs`` where an episode ended), and ``terminated`` is kept
+    apart from ``truncated``: a TD target bootstraps through a time limit, never through a terminal
+    state. Sampling draws indices with ``torch.randint`` on the device: no host round trip.
+    """
+
+    FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
+
+    def __init__(
+        self,
+        capacity: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        action_shape: Sequence[int],
+        action_dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        self.device = torch.device(device)
+        self.num_envs = num_envs
+        self.slots = max(capacity // num_envs, 1)
+        self.capacity = self.slots * num_envs
+        self.obs_shape = tuple(obs_shape)
+        self.action_shape = tuple(action_shape)
+        needed = self.bytes_needed(self.capacity, self.obs_shape, self.action_shape, action_dtype)
+        available = available_memory(self.device)
+        if available is not None and needed > 0.9 * available:
+            raise ConfigError(
+                f"a replay buffer of {self.capacity:,} transitions (obs {self.obs_shape}, actions "
+                f"{self.action_shape}) needs {needed / 2**30:.2f} GiB on {self.device}, but only "
+                f"{available / 2**30:.2f} GiB is available. Lower --buffer-size (or use another device)."
+            )
+        shape = (self.slots, num_envs)
+        self.obs = torch.zeros(*shape, *self.obs_shape, dtype=torch.float32, device=self.device)
+        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.next_obs = torch.zeros_like(self.obs)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.position = 0  # the slot written next
+        self.filled = 0  # slots written so far, at most self.slots
+
+    @staticmethod
+    def bytes_needed(capacity: int, obs_shape: tuple, action_shape: tuple, action_dtype: torch.dtype) -> int:
+        obs = 4 * math.prod(obs_shape)
+        action = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
+        return capacity * (2 * obs + action + 4 + 1 + 1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, name).nbytes for name in self.FIELDS)
+
+    def __len__(self) -> int:
+        return self.filled * self.num_envs
+
+    def add(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        rewards: Tensor,
+        next_obs: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> None:
+        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension."""
+        slot = self.position
+        self.obs[slot].copy_(obs)
+        self.actions[slot].copy_(actions)
+        self.rewards[slot].copy_(rewards)
+        self.next_obs[slot].copy_(next_obs)
+        self.terminated[slot].copy_(terminated)
+        self.truncated[slot].copy_(truncated)
+        self.position = (slot + 1) % self.slots
+        self.filled = min(self.filled + 1, self.slots)
+
+    def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
+        """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end)."""
+        valid = self.filled - n_step + 1  # start slots whose n steps are all written and in order
+        if valid < 1:
+            raise ValueError(f"ReplayBuffer.sample: {len(self)} transitions stored, need {n_step} steps.")
+        oldest = (self.position - self.filled) % self.slots
+        offset = torch.randint(valid, (batch_size,), device=self.device)
+        env = torch.randint(self.num_envs, (batch_size,), device=self.device)
+        start = (oldest + offset) % self.slots  # (B,)
+        obs = self.obs[start, env]
+        actions = self.actions[start, env]
+        if n_step == 1:
+            rewards = self.rewards[start, env]
+            discounts = gamma * (~self.terminated[start, env]).float()
+            return ReplayBatch(obs, actions, rewards, self.next_obs[start, env], discounts)
+        steps = (start.unsqueeze(1) + torch.arange(n_step, device=self.device)) % self.slots  # (B, n)
+        envs = env.unsqueeze(1).expand(-1, n_step)
+        rewards_n = self.rewards[steps, envs]  # (B, n)
+        ended = self.terminated[steps, envs] | self.truncated[steps, envs]  # (B, n)
+        # alive[:, j]: no episode end before step j, so step j's reward belongs to this return
+        alive = torch.cumprod(
+            torch.cat([torch.ones_like(ended[:, :1]), ~ended[:, :-1]], dim=1).float(), dim=1
+        )
+        powers = gamma ** torch.arange(n_step, device=self.device, dtype=torch.float32)  # (n,)
+        rewards = (rewards_n * alive * powers).sum(dim=1)  # (B,)
+        last = (alive.sum(dim=1).long() - 1).unsqueeze(1)  # (B, 1) index of the last step taken
+        last_step = steps.gather(1, last).squeeze(1)
+        discounts = gamma ** (last.squeeze(1) + 1).float() * (~self.terminated[last_step, env]).float()
+        return ReplayBatch(obs, actions, rewards, self.next_obs[last_step, env], discounts)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).clone() for name in self.FIELDS}
+        state.update(position=self.position, filled=self.filled)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.FIELDS:
+            storage, value = getattr(self, name), state[name]
+            if value.shape != storage.shape:
+                raise CheckpointError(
+                    f"ReplayBuffer state {name!r} is {tuple(value.shape)}, but this buffer holds "
+                    f"{tuple(storage.shape)}; the checkpoint was written with another buffer_size "
+                    "or num_envs."
+                )
+            storage.copy_(value)
+        self.position = int(state["position"])
+        self.filled = int(state["filled"])

@@ -82,6 +82,8 @@ class TrainConfig:
     """Scale rewards by the running standard deviation of the discounted return."""
     log_every: int = 10_000
     """Environment steps between rows of metrics.csv and console updates."""
+    save_buffer: bool = False
+    """Include the replay buffer in checkpoints (off-policy), so that a resume continues exactly."""
     torch_threads: int = 0
     """torch.set_num_threads for this run (0: leave torch's default)."""
     hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)

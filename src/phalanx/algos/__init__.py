@@ -5,10 +5,17 @@ from __future__ import annotations
 import difflib
 
 from phalanx.algos.base import Algorithm
+from phalanx.algos.ddpg import DDPG
+from phalanx.algos.dqn import D3QN, DQN, DoubleDQN, DuelingDQN
 from phalanx.algos.ppo import A2C, PPO
+from phalanx.algos.sac import REDQ, SAC
+from phalanx.algos.td3 import TD3
 from phalanx.errors import ConfigError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {algorithm.name: algorithm for algorithm in (PPO, A2C)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    algorithm.name: algorithm
+    for algorithm in (PPO, A2C, DQN, DoubleDQN, DuelingDQN, D3QN, DDPG, TD3, SAC, REDQ)
+}
 
 
 def algorithm_names() -> list[str]:
@@ -25,4 +32,19 @@ def get_algorithm(name: str) -> type[Algorithm]:
     raise ConfigError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(algorithm_names())}.")
 
 
-__all__ = ["ALGORITHMS", "A2C", "PPO", "Algorithm", "algorithm_names", "get_algorithm"]
+__all__ = [
+    "A2C",
+    "ALGORITHMS",
+    "D3QN",
+    "DDPG",
+    "DQN",
+    "PPO",
+    "REDQ",
+    "SAC",
+    "TD3",
+    "Algorithm",
+    "DoubleDQN",
+    "DuelingDQN",
+    "algorithm_names",
+    "get_algorithm",
+]

@@ -13,12 +13,14 @@ networks and optimisers and exposes:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
+from torch import nn
 
-from phalanx.config import AlgoConfig
+from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.errors import ConfigError
 
 
@@ -66,3 +68,90 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+@dataclass
+class OffPolicyConfig(AlgoConfig):
+    """What every replay-based algorithm has: the buffer, the batch, the update-to-data ratio."""
+
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (kept on the training device)."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    learning_starts: int = 10_000
+    """Transitions collected with uniformly random actions before the first update (the warm-up)."""
+    updates_per_step: float = 1.0
+    """Gradient steps per collected transition: a VecEnv step of N envs triggers N * ratio of them."""
+    max_updates_per_step: int | None = None
+    """Cap on the gradient steps after one VecEnv step (None: no cap)."""
+    tau: float = 0.005
+    """Polyak factor of the target networks (1.0: hard copy)."""
+    n_step: int = 1
+    """Steps of reward summed in each TD target (n-step returns; stops at episode ends)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(
+            _int(self.buffer_size) and self.buffer_size >= 1,
+            "buffer_size",
+            self.buffer_size,
+            "an integer >= 1",
+        )
+        check(
+            _int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1"
+        )
+        check(
+            _int(self.learning_starts) and self.learning_starts >= self.batch_size,
+            "learning_starts",
+            self.learning_starts,
+            f"an integer >= batch_size ({self.batch_size}): the first batch is drawn from the warm-up "
+            "transitions; raise learning_starts or lower batch_size",
+        )
+        check(
+            self.buffer_size >= max(self.learning_starts, run.num_envs * self.n_step),
+            "buffer_size",
+            self.buffer_size,
+            f">= learning_starts ({self.learning_starts}) and >= num_envs * n_step "
+            f"({run.num_envs} * {self.n_step})",
+        )
+        check(self.updates_per_step > 0, "updates_per_step", self.updates_per_step, "> 0, e.g. 1 or 0.25")
+        check(
+            self.max_updates_per_step is None
+            or (_int(self.max_updates_per_step) and self.max_updates_per_step >= 1),
+            "max_updates_per_step",
+            self.max_updates_per_step,
+            "an integer >= 1, or None",
+        )
+        check(0 < self.tau <= 1, "tau", self.tau, "a value in (0, 1]")
+        check(_int(self.n_step) and self.n_step >= 1, "n_step", self.n_step, "an integer >= 1")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * source, parameter by parameter (tau = 1: copy)."""
+    target_params = list(target.parameters())
+    source_params = list(source.parameters())
+    if tau >= 1.0:
+        torch._foreach_copy_(target_params, source_params)
+    else:
+        torch._foreach_lerp_(target_params, source_params, tau)
+
+
+class OffPolicyAlgorithm(Algorithm):
+    """Replay-based: ``explore`` picks collection actions; ``update`` takes a sampled ReplayBatch."""
+
+    on_policy = False
+    config: OffPolicyConfig
+
+    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def random_actions(self, num_envs: int) -> torch.Tensor:
+        """Uniform actions for the warm-up, in the normalised action space."""
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return torch.randint(int(self.action_space.n), (num_envs,), device=self.device)
+        return torch.rand(num_envs, *self.action_space.shape, device=self.device) * 2 - 1

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from phalanx.algos.base import Algorithm
+from phalanx.buffers import ReplayBuffer, RolloutBuffer
 
 
 class Learner:
-    """One learner on one device. ``update`` consumes what the worker collected into ``buffer``.
+    """One learner on one device.
 
-    The data-parallel group (several learners with gradient all-reduce) of a later issue lives here.
+    On-policy, ``update`` learns from the rollout the worker just wrote into ``buffer``; off-policy,
+    each ``update`` samples a batch from the replay buffer. The data-parallel group (several
+    learners with gradient all-reduce) of a later issue lives here.
     """
 
-    def __init__(self, algorithm: Algorithm, buffer: Any) -> None:
+    def __init__(self, algorithm: Algorithm, buffer: RolloutBuffer | ReplayBuffer) -> None:
         self.algorithm = algorithm
         self.buffer = buffer
         self.updates = 0
 
     def update(self, progress: float) -> dict[str, torch.Tensor]:
-        metrics = self.algorithm.update(self.buffer, progress)
+        if isinstance(self.buffer, ReplayBuffer):
+            config = self.algorithm.config
+            batch = self.buffer.sample(config.batch_size, config.gamma, config.n_step)
+            metrics = self.algorithm.update(batch, progress)
+        else:
+            metrics = self.algorithm.update(self.buffer, progress)
         self.updates += 1
         return metrics

@@ -21,7 +21,7 @@ import torch
 
 from phalanx.algos import get_algorithm
 from phalanx.algos.base import Algorithm
-from phalanx.buffers import RolloutBuffer
+from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.config import TrainConfig, load_yaml, save_yaml
 from phalanx.envs.core import VecEnv, as_device
 from phalanx.envs.registry import make_env
@@ -138,14 +138,21 @@ class Trainer:
         )
         self.spaces = space_spec(self.env.single_observation_space, self.env.single_action_space)
         hp = config.hyperparameters
-        self.buffer = RolloutBuffer(
-            hp.horizon,
-            config.num_envs,
+        buffer_shapes = (
             self.env.single_observation_space.shape,
             self.env.single_action_space.shape,
             torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
             self.device,
         )
+        if self.algorithm.on_policy:
+            self.buffer: RolloutBuffer | ReplayBuffer = RolloutBuffer(
+                hp.horizon, config.num_envs, *buffer_shapes
+            )
+        else:
+            self.buffer = ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
+            # Updates start once the buffer holds the warm-up (and enough steps for n-step returns).
+            self.update_threshold = max(hp.learning_starts, config.num_envs * hp.n_step)
+        self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
         self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
@@ -170,7 +177,7 @@ class Trainer:
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {
+        state = {
             "config": self.config.to_dict(),
             "spaces": self.spaces,
             "algorithm": self.algorithm.state_dict(),
@@ -187,8 +194,12 @@ class Trainer:
                 "next_eval": self.next_eval,
                 "next_checkpoint": self.next_checkpoint,
                 "next_log": self.next_log,
+                "updates_owed": self.updates_owed,
             },
         }
+        if self.config.save_buffer:
+            state["buffer"] = self.buffer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
@@ -206,6 +217,9 @@ class Trainer:
         self.next_eval = progress["next_eval"]
         self.next_checkpoint = progress["next_checkpoint"]
         self.next_log = progress["next_log"]
+        self.updates_owed = progress["updates_owed"]
+        if "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
 
     def save(self) -> Path:
         return self.checkpoints.save(self.steps, self.state_dict())
@@ -216,14 +230,13 @@ class Trainer:
         save_yaml(config, self.run_dir / "config.yaml")
         self.stopwatch = Stopwatch(self.wall_offset)
         self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
-        steps_per_iteration = config.hyperparameters.horizon * config.num_envs
+        iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
+        metrics: dict[str, Any] = {}
         reached = False
         try:
             last_time, last_steps = self.stopwatch(), self.steps
             while self.steps < config.total_steps and not reached:
-                self.worker.collect(self.buffer)
-                self.steps += steps_per_iteration
-                metrics = self.learner.update(progress=min(self.steps / config.total_steps, 1.0))
+                metrics = iterate() or metrics
 
                 row: dict[str, Any] = {}
                 if self.steps >= self.next_eval:
@@ -276,6 +289,30 @@ class Trainer:
             self.logger.summary_table(summary)
         return TrainResult(self.run_dir, summary)
 
+    def on_policy_iteration(self) -> dict[str, torch.Tensor]:
+        """Collect a rollout of horizon steps of every sub-env, then learn from it."""
+        self.worker.collect(self.buffer)
+        self.steps += self.config.hyperparameters.horizon * self.config.num_envs
+        return self.learner.update(progress=min(self.steps / self.config.total_steps, 1.0))
+
+    def off_policy_iteration(self) -> dict[str, torch.Tensor]:
+        """One step of every sub-env into the replay buffer, then num_envs * updates_per_step updates."""
+        hp = self.config.hyperparameters
+        progress = min(self.steps / self.config.total_steps, 1.0)
+        self.worker.step(self.buffer, progress, random=self.steps < hp.learning_starts)
+        self.steps += self.config.num_envs
+        if len(self.buffer) < self.update_threshold:
+            return {}
+        self.updates_owed += self.config.num_envs * hp.updates_per_step
+        updates = int(self.updates_owed)
+        self.updates_owed -= updates
+        if hp.max_updates_per_step is not None:
+            updates = min(updates, hp.max_updates_per_step)
+        metrics: dict[str, torch.Tensor] = {}
+        for _ in range(updates):
+            metrics = self.learner.update(progress)
+        return metrics
+
     def evaluate(self) -> dict[str, float]:
         evaluation = self.evaluator.evaluate(self.algorithm)
         self.last_evaluation = evaluation
@@ -315,6 +352,7 @@ class Trainer:
             "eval_return_std": evaluation.std if evaluation else None,
             "eval_episodes": len(evaluation.returns) if evaluation else 0,
             "best_eval_return": self.evaluator.best_return if evaluation else None,
+            "buffer_bytes": self.buffer.nbytes,
             "interrupted": interrupted,
             "error": error,
             "run_dir": str(self.run_dir),

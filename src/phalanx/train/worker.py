@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from phalanx.buffers import RolloutBuffer
+from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.envs.core import VecEnv
 
 
@@ -40,7 +40,11 @@ class EpisodeLog:
 
 
 class Worker:
-    """Collects rollouts (on-policy) from a VecEnv; keeps the current observation between calls."""
+    """Steps a VecEnv with the algorithm's policy; keeps the current observation between calls.
+
+    On-policy it fills a rollout (:meth:`collect`); off-policy it adds one VecEnv step of N
+    transitions to the replay buffer at a time (:meth:`step`).
+    """
 
     def __init__(self, env: VecEnv, algorithm: Any) -> None:
         self.env = env
@@ -65,6 +69,19 @@ class Worker:
             self.episodes.record(info["episode_return"], info["episode_length"], dones)
             self.obs = next_obs
         return buffer
+
+    def step(self, replay: ReplayBuffer, progress: float, random: bool) -> None:
+        """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
+        if self.obs is None:
+            raise RuntimeError("Worker.step called before Worker.reset")
+        if random:
+            actions = self.algorithm.random_actions(self.env.num_envs)
+        else:
+            actions = self.algorithm.explore(self.obs, progress)
+        next_obs, rewards, terminated, truncated, info = self.env.step(actions)
+        replay.add(self.obs, actions, rewards, info["final_obs"], terminated, truncated)
+        self.episodes.record(info["episode_return"], info["episode_length"], terminated | truncated)
+        self.obs = next_obs
 
     def state_dict(self) -> dict[str, Any]:
         return {"obs": self.obs}

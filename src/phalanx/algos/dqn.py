@@ -1,0 +1,205 @@
+"""The DQN family: DQN -> Double DQN -> Dueling DQN -> D3QN, one learning rule with two flags.
+
+:meth:`DQN.update`, top to bottom: Q(s, a) of the sampled actions; the target
+``r + discount * Q_target(s', a*)`` where ``a*`` is ``argmax Q_target(s')`` (DQN) or
+``argmax Q_online(s')`` (``double``); the Huber loss; a gradient step with norm clipping; and the target
+network update (a hard copy every ``target_update_interval`` updates, or Polyak with ``tau < 1``).
+``dueling`` splits the network's head into a state value and action advantages. ``discount`` folds in
+n-step returns and terminal states (see ``phalanx.buffers.ReplayBatch``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, polyak_update
+from phalanx.buffers import ReplayBatch
+from phalanx.config import TrainConfig, check
+from phalanx.nets import activation_class, layer_init, mlp, obs_dim
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    """Deep Q-Network (Mnih et al., 2015)."""
+
+    learning_rate: float = 1e-4
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    buffer_size: int = 100_000
+    batch_size: int = 64
+    learning_starts: int = 1_000
+    tau: float = 1.0
+    target_update_interval: int = 500
+    """Gradient steps between target updates (each a hard copy when tau = 1, else a Polyak step)."""
+    exploration_initial: float = 1.0
+    """Epsilon of the epsilon-greedy policy at the start."""
+    exploration_final: float = 0.05
+    """Epsilon after the decay."""
+    exploration_fraction: float = 0.1
+    """Fraction of total_steps over which epsilon decays linearly."""
+    max_grad_norm: float | None = 10.0
+    """Clip the gradient norm (None: no clipping)."""
+    double: bool = False
+    """Double DQN: the online network picks the next action, the target network values it."""
+    dueling: bool = False
+    """Dueling network: Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(self.target_update_interval >= 1, "target_update_interval", self.target_update_interval, ">= 1")
+        for name in ("exploration_initial", "exploration_final"):
+            check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a probability in [0, 1]")
+        check(
+            0 < self.exploration_fraction <= 1, "exploration_fraction", self.exploration_fraction, "in (0, 1]"
+        )
+        check(
+            self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0"
+        )
+
+
+@dataclass
+class DoubleDQNConfig(DQNConfig):
+    """Double DQN (van Hasselt et al., 2016)."""
+
+    double: bool = True
+
+
+@dataclass
+class DuelingDQNConfig(DQNConfig):
+    """Dueling DQN (Wang et al., 2016)."""
+
+    dueling: bool = True
+
+
+@dataclass
+class D3QNConfig(DQNConfig):
+    """Dueling Double DQN."""
+
+    double: bool = True
+    dueling: bool = True
+
+
+class QNetwork(nn.Module):
+    """Q-values ``(B, num_actions)``: a plain MLP, or a dueling head on a shared trunk."""
+
+    def __init__(
+        self, in_dim: int, num_actions: int, hidden_sizes: tuple[int, ...], activation: str, dueling: bool
+    ):
+        super().__init__()
+        self.dueling = dueling
+        if not dueling:
+            self.q = mlp(in_dim, hidden_sizes, num_actions, activation)
+            return
+        *trunk_sizes, width = hidden_sizes or (64,)
+        self.trunk = nn.Sequential(
+            mlp(in_dim, trunk_sizes, width, activation), activation_class(activation)()
+        )
+        self.value = layer_init(nn.Linear(width, 1), 1.0)
+        self.advantage = layer_init(nn.Linear(width, num_actions), 1.0)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.dueling:
+            return self.q(obs)
+        features = self.trunk(obs)
+        advantage = self.advantage(features)  # (B, A)
+        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+class DQN(OffPolicyAlgorithm):
+    name = "dqn"
+    config_class = DQNConfig
+    action_spaces = (gym.spaces.Discrete,)
+    config: DQNConfig
+
+    def __init__(self, config: DQNConfig, observation_space: gym.Space, action_space: gym.Space, device):
+        super().__init__(config, observation_space, action_space, device)
+        self.num_actions = int(action_space.n)
+        self.q_network = QNetwork(
+            obs_dim(observation_space),
+            self.num_actions,
+            config.hidden_sizes,
+            config.activation,
+            config.dueling,
+        ).to(self.device)
+        self.q_target = copy.deepcopy(self.q_network).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.learning_rate)
+        self.updates = 0
+
+    def epsilon(self, progress: float) -> float:
+        config = self.config
+        fraction = min(progress / config.exploration_fraction, 1.0)
+        return config.exploration_initial + fraction * (config.exploration_final - config.exploration_initial)
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+        greedy = self.q_network(obs).argmax(dim=1)  # (N,)
+        random = torch.randint(self.num_actions, greedy.shape, device=self.device)
+        explore = torch.rand(greedy.shape, device=self.device) < self.epsilon(progress)
+        return torch.where(explore, random, greedy)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        return self.q_network(obs).argmax(dim=1)
+
+    def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
+        config = self.config
+        with torch.no_grad():
+            next_q_target = self.q_target(batch.next_obs)  # (B, A)
+            if config.double:
+                next_actions = self.q_network(batch.next_obs).argmax(dim=1, keepdim=True)
+            else:
+                next_actions = next_q_target.argmax(dim=1, keepdim=True)
+            next_values = next_q_target.gather(1, next_actions).squeeze(1)  # (B,)
+            targets = batch.rewards + batch.discounts * next_values
+        q_values = self.q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
+        loss = F.smooth_l1_loss(q_values, targets)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.q_network.parameters(), config.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % config.target_update_interval == 0:
+            polyak_update(self.q_target, self.q_network, config.tau)
+        return {
+            "q_loss": loss.detach(),
+            "q_mean": q_values.detach().mean(),
+            "epsilon": torch.tensor(self.epsilon(progress)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "q_network": self.q_network.state_dict(),
+            "q_target": self.q_target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q_network.load_state_dict(state["q_network"])
+        self.q_target.load_state_dict(state["q_target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+
+
+class DoubleDQN(DQN):
+    name = "double-dqn"
+    config_class = DoubleDQNConfig
+
+
+class DuelingDQN(DQN):
+    name = "dueling-dqn"
+    config_class = DuelingDQNConfig
+
+
+class D3QN(DQN):
+    name = "d3qn"
+    config_class = D3QNConfig

@@ -1,0 +1,158 @@
+"""SAC (Haarnoja et al., 2018) on the ensemble-critic machinery, and REDQ as a SAC configuration.
+
+What SAC adds to :mod:`phalanx.algos.ddpg`: a tanh-squashed Gaussian actor whose log-probability
+carries the change-of-variables correction ``- sum log(1 - tanh(u)^2)``; the soft target
+``min_k Q_k(s', a') - alpha * log pi(a'|s')`` with ``a' ~ pi(.|s')``; the actor loss
+``alpha * log pi(a|s) - mean_k Q_k(s, a)``; and automatic entropy tuning, a gradient step on
+``log alpha`` towards ``target_entropy`` (default ``-action_dim``).
+
+REDQ (Chen et al., 2021) is SAC with K = 10 critics, targets from the min over a random subset of
+M = 2, and a high update-to-data ratio: only its defaults differ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
+from phalanx.config import TrainConfig, check
+from phalanx.nets import mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@dataclass
+class SACConfig(EnsembleCriticConfig):
+    """Soft Actor-Critic with automatic entropy tuning."""
+
+    learning_rate: float = 3e-4
+    num_critics: int = 2
+    alpha_init: float = 1.0
+    """Initial entropy temperature alpha."""
+    learn_alpha: bool = True
+    """Tune alpha so that the policy's entropy approaches target_entropy."""
+    alpha_learning_rate: float | None = None
+    """Learning rate of log alpha (None: learning_rate)."""
+    target_entropy: float | None = None
+    """Entropy target of the tuning (None: -action_dim)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(self.alpha_init > 0, "alpha_init", self.alpha_init, "> 0")
+        lr = self.alpha_learning_rate
+        check(lr is None or lr > 0, "alpha_learning_rate", lr, "> 0, or None for learning_rate")
+
+
+@dataclass
+class REDQConfig(SACConfig):
+    """Randomized Ensembled Double Q-learning: 10 critics, targets from the min of a random pair."""
+
+    num_critics: int = 10
+    target_reduction: str = "redq"
+    target_subset: int = 2
+    updates_per_step: float = 20.0
+    policy_delay: int = 20
+
+
+class SquashedGaussianActor(nn.Module):
+    """pi(a|s) = tanh(N(mu(s), sigma(s))): actions in (-1, 1) with their exact log-probabilities."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim, hidden_sizes, 2 * action_dim, activation, output_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,)."""
+        mean, log_std = self(obs)
+        noise = torch.randn_like(mean)
+        pre_tanh = mean + log_std.exp() * noise
+        gaussian_log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(dim=-1)
+        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|
+        correction = (2 * (math.log(2.0) - pre_tanh - F.softplus(-2 * pre_tanh))).sum(dim=-1)
+        return torch.tanh(pre_tanh), gaussian_log_prob - correction
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self(obs)[0])
+
+
+class SAC(EnsembleCriticAlgorithm):
+    name = "sac"
+    config_class = SACConfig
+    config: SACConfig
+
+    def __init__(self, config: SACConfig, observation_space: gym.Space, action_space: gym.Space, device):
+        super().__init__(config, observation_space, action_space, device)
+        self.log_alpha = torch.tensor(math.log(config.alpha_init), device=self.device, requires_grad=True)
+        self.alpha_optimizer = torch.optim.Adam(
+            [self.log_alpha], lr=config.alpha_learning_rate or config.learning_rate
+        )
+        self.target_entropy = (
+            -float(self.action_dim) if config.target_entropy is None else config.target_entropy
+        )
+
+    def make_actor(self) -> nn.Module:
+        return SquashedGaussianActor(
+            self.obs_dim, self.action_dim, self.config.hidden_sizes, self.config.activation
+        )
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.detach().exp()
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        return self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+        return self.actor.sample(obs)[0]
+
+    def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
+        next_actions, next_log_probs = self.actor.sample(next_obs)
+        q_next = self.reduce_critics(self.q_values(self.critic_target, next_obs, next_actions))  # (B,)
+        return q_next - self.alpha * next_log_probs
+
+    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        actions, log_probs = self.actor.sample(obs)
+        q_values = self.q_values(self.critic, obs, actions).mean(dim=0)  # mean over critics, (B,)
+        loss = (self.alpha * log_probs - q_values).mean()
+        return loss, {"entropy": -log_probs.detach().mean(), "log_probs": log_probs.detach()}
+
+    def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
+        log_probs = actor_metrics.pop("log_probs")
+        if self.config.learn_alpha:
+            alpha_loss = -(self.log_alpha * (log_probs + self.target_entropy)).mean()
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_optimizer.step()
+        actor_metrics["alpha"] = self.alpha
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+
+
+class REDQ(SAC):
+    name = "redq"
+    config_class = REDQConfig
