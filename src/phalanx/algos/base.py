@@ -142,12 +142,13 @@ def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 class OffPolicyAlgorithm(Algorithm):
-    """Replay-based: ``explore`` picks collection actions; ``update`` takes a sampled ReplayBatch."""
+    """Replay-based: ``explore(obs, steps)`` picks collection actions (``steps``: env steps so far, for
+    exploration schedules); ``update`` takes a sampled ReplayBatch."""
 
     on_policy = False
     config: OffPolicyConfig
 
-    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
         raise NotImplementedError
 
     def random_actions(self, num_envs: int) -> torch.Tensor:

@@ -207,7 +207,7 @@ class DDPG(EnsembleCriticAlgorithm):
         return self.actor(obs)
 
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
         actions = self.actor(obs)
         return (actions + self.config.exploration_noise * torch.randn_like(actions)).clamp(-1.0, 1.0)
 

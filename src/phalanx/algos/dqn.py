@@ -42,8 +42,8 @@ class DQNConfig(OffPolicyConfig):
     """Epsilon of the epsilon-greedy policy at the start."""
     exploration_final: float = 0.05
     """Epsilon after the decay."""
-    exploration_fraction: float = 0.1
-    """Fraction of total_steps over which epsilon decays linearly."""
+    exploration_steps: int = 10_000
+    """Environment steps over which epsilon decays linearly (absolute, so a resume keeps the schedule)."""
     max_grad_norm: float | None = 10.0
     """Clip the gradient norm (None: no clipping)."""
     double: bool = False
@@ -56,9 +56,7 @@ class DQNConfig(OffPolicyConfig):
         check(self.target_update_interval >= 1, "target_update_interval", self.target_update_interval, ">= 1")
         for name in ("exploration_initial", "exploration_final"):
             check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a probability in [0, 1]")
-        check(
-            0 < self.exploration_fraction <= 1, "exploration_fraction", self.exploration_fraction, "in (0, 1]"
-        )
+        check(self.exploration_steps >= 1, "exploration_steps", self.exploration_steps, "an integer >= 1")
         check(
             self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0"
         )
@@ -131,17 +129,19 @@ class DQN(OffPolicyAlgorithm):
         self.q_target = copy.deepcopy(self.q_network).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.learning_rate)
         self.updates = 0
+        self.last_epsilon = config.exploration_initial
 
-    def epsilon(self, progress: float) -> float:
+    def epsilon(self, steps: int) -> float:
         config = self.config
-        fraction = min(progress / config.exploration_fraction, 1.0)
+        fraction = min(steps / config.exploration_steps, 1.0)
         return config.exploration_initial + fraction * (config.exploration_final - config.exploration_initial)
 
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        self.last_epsilon = self.epsilon(steps)
         greedy = self.q_network(obs).argmax(dim=1)  # (N,)
         random = torch.randint(self.num_actions, greedy.shape, device=self.device)
-        explore = torch.rand(greedy.shape, device=self.device) < self.epsilon(progress)
+        explore = torch.rand(greedy.shape, device=self.device) < self.last_epsilon
         return torch.where(explore, random, greedy)
 
     @torch.no_grad()
@@ -172,7 +172,7 @@ class DQN(OffPolicyAlgorithm):
         return {
             "q_loss": loss.detach(),
             "q_mean": q_values.detach().mean(),
-            "epsilon": torch.tensor(self.epsilon(progress)),
+            "epsilon": torch.tensor(self.last_epsilon),
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class SAC(EnsembleCriticAlgorithm):
         return self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
 
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor, progress: float) -> torch.Tensor:
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
         return self.actor.sample(obs)[0]
 
     def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:

@@ -124,7 +124,8 @@ class Trainer:
         # Everything that can fail on bad input happens before the run directory is created.
         self.env = build_env(config, config.num_envs, training=True)
         algorithm_class = get_algorithm(config.algo)
-        algorithm_class.check_spaces(self.env.single_observation_space, self.env.single_action_space)
+        raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
+        algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
         self.obs_statistics = normalizer.statistics if normalizer is not None else None
         self.eval_env = build_env(
@@ -299,7 +300,7 @@ class Trainer:
         """One step of every sub-env into the replay buffer, then num_envs * updates_per_step updates."""
         hp = self.config.hyperparameters
         progress = min(self.steps / self.config.total_steps, 1.0)
-        self.worker.step(self.buffer, progress, random=self.steps < hp.learning_starts)
+        self.worker.step(self.buffer, self.steps, random=self.steps < hp.learning_starts)
         self.steps += self.config.num_envs
         if len(self.buffer) < self.update_threshold:
             return {}

@@ -70,14 +70,14 @@ class Worker:
             self.obs = next_obs
         return buffer
 
-    def step(self, replay: ReplayBuffer, progress: float, random: bool) -> None:
+    def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
         if self.obs is None:
             raise RuntimeError("Worker.step called before Worker.reset")
         if random:
             actions = self.algorithm.random_actions(self.env.num_envs)
         else:
-            actions = self.algorithm.explore(self.obs, progress)
+            actions = self.algorithm.explore(self.obs, steps)
         next_obs, rewards, terminated, truncated, info = self.env.step(actions)
         replay.add(self.obs, actions, rewards, info["final_obs"], terminated, truncated)
         self.episodes.record(info["episode_return"], info["episode_length"], terminated | truncated)
