@@ -1,0 +1,98 @@
+"""An ensemble of K critics as one batched network against a Python loop of K MLPs.
+
+Both compute the same thing (tests/test_nets.py checks the values and gradients): K critics of
+(obs + action) -> Q on one minibatch, forward and backward plus an Adam step. The batched version is
+one ``EnsembleMLP`` (a leading member dimension, ``torch.baddbmm``); the loop is K ``nn.Sequential``.
+
+    python benchmarks/ensemble_critics.py                   # K = 10, 256x256, batch 256, CPU
+    python benchmarks/ensemble_critics.py --members 2 --device cuda --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from benchlib import machine_info, markdown_table, write_json
+
+from phalanx.nets import EnsembleMLP, mlp
+
+
+def time_updates(step, repeats: int, warmup: int, device: torch.device) -> float:
+    """Median seconds of one update over ``repeats`` timed rounds of 20 updates each."""
+    for _ in range(warmup):
+        step()
+    rounds = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(20):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rounds.append((time.perf_counter() - start) / 20)
+    rounds.sort()
+    return rounds[len(rounds) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--members", type=int, default=10)
+    parser.add_argument("--obs-dim", type=int, default=17)
+    parser.add_argument("--action-dim", type=int, default=6)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    in_dim = args.obs_dim + args.action_dim
+    loop = [mlp(in_dim, args.hidden, 1, "relu").to(device) for _ in range(args.members)]
+    batched = EnsembleMLP.from_mlps(loop).to(device)
+    x = torch.randn(args.batch_size, in_dim, device=device)
+    target = torch.randn(args.batch_size, device=device)
+    loop_optimizer = torch.optim.Adam([p for net in loop for p in net.parameters()], lr=1e-3)
+    batched_optimizer = torch.optim.Adam(batched.parameters(), lr=1e-3)
+
+    def loop_step() -> None:
+        loss = sum((net(x).squeeze(-1) - target).pow(2).mean() for net in loop)
+        loop_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        loop_optimizer.step()
+
+    def batched_step() -> None:
+        loss = (batched(x).squeeze(-1) - target).pow(2).mean(dim=1).sum()
+        batched_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        batched_optimizer.step()
+
+    # Alternate to share any drift of the machine's speed between the two.
+    loop_times, batched_times = [], []
+    for _ in range(3):
+        loop_times.append(time_updates(loop_step, args.repeats, 5, device))
+        batched_times.append(time_updates(batched_step, args.repeats, 5, device))
+    loop_s, batched_s = min(loop_times), min(batched_times)
+    result = {
+        "machine": machine_info(args.device),
+        "settings": vars(args),
+        "loop_ms_per_update": loop_s * 1e3,
+        "batched_ms_per_update": batched_s * 1e3,
+        "speedup": loop_s / batched_s,
+    }
+    path = write_json(result, args.json, "ensemble_critics")
+    print(
+        markdown_table(
+            ["critics", "hidden", "batch", "device", "loop ms/update", "batched ms/update", "batched speed-up"],
+            [[args.members, "x".join(map(str, args.hidden)), args.batch_size, args.device,
+              loop_s * 1e3, batched_s * 1e3, f"{loop_s / batched_s:.2f}x"]],
+        )  # fmt: skip
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
