@@ -38,7 +38,9 @@ def time_updates(step, repeats: int, warmup: int, device: torch.device) -> float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--members", type=int, default=10)
     parser.add_argument("--obs-dim", type=int, default=17)
     parser.add_argument("--action-dim", type=int, default=6)
@@ -86,9 +88,26 @@ def main() -> None:
     path = write_json(result, args.json, "ensemble_critics")
     print(
         markdown_table(
-            ["critics", "hidden", "batch", "device", "loop ms/update", "batched ms/update", "batched speed-up"],
-            [[args.members, "x".join(map(str, args.hidden)), args.batch_size, args.device,
-              loop_s * 1e3, batched_s * 1e3, f"{loop_s / batched_s:.2f}x"]],
+            [
+                "critics",
+                "hidden",
+                "batch",
+                "device",
+                "loop ms/update",
+                "batched ms/update",
+                "batched speed-up",
+            ],
+            [
+                [
+                    args.members,
+                    "x".join(map(str, args.hidden)),
+                    args.batch_size,
+                    args.device,
+                    loop_s * 1e3,
+                    batched_s * 1e3,
+                    f"{loop_s / batched_s:.2f}x",
+                ]
+            ],
         )  # fmt: skip
     )
     print(f"results: {path}")
