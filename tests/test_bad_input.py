@@ -120,3 +120,13 @@ def test_eval_video_writes_a_gif(tmp_path, capsys):
     assert main(["eval", str(run), "--episodes", "2", "--video"]) == 0
     gifs = list((run / "videos").glob("*.gif"))
     assert len(gifs) == 1 and gifs[0].stat().st_size > 1000
+
+
+def test_training_twice_with_one_config_makes_two_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = phalanx.make_config(
+        "ppo", "CartPole-v1", num_envs=4, total_steps=64, horizon=16, minibatch_size=32, eval_episodes=2
+    )
+    first = phalanx.train(config, show_progress=False)
+    second = phalanx.train(config, show_progress=False)
+    assert config.run_dir is None and first.run_dir != second.run_dir

@@ -7,6 +7,7 @@ except the scalars that are logged.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -115,7 +116,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: Path | None = None, show_progress: bool = True) -> None:
         config.validate()
-        self.config = config
+        config = self.config = dataclasses.replace(config)  # the caller's config stays as it was
         self.device = as_device(config.device)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
