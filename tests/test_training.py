@@ -38,29 +38,37 @@ def parameters(run_dir, which="latest"):
 
 
 def test_ppo_learns_cartpole_with_fixed_budget(tmp_path):
+    # The preset solves seed 1 in ~50k env steps; the budget leaves 3x margin.
     config = phalanx.make_config(
-        "ppo", "CartPole-v1", run_dir=str(tmp_path / "cartpole"), total_steps=400_000, stop_return=475, seed=1
+        "ppo", "CartPole-v1", run_dir=str(tmp_path / "cartpole"), total_steps=150_000, stop_return=475, seed=1
     )
     result = phalanx.train(config, show_progress=False)
-    assert result.summary["eval_return_mean"] >= 400, result.summary
+    assert result.summary["eval_return_mean"] >= 475, result.summary
     assert result.summary["time_to_stop_return_s"] is not None
+    assert result.summary["total_steps"] < 150_000, result.summary
 
 
 def test_a2c_learns_cartpole_with_fixed_budget(tmp_path):
+    # The preset solves seed 0 in ~60k env steps; the budget leaves 2.5x margin.
     config = phalanx.make_config(
-        "a2c", "CartPole-v1", run_dir=str(tmp_path / "a2c"), total_steps=300_000, stop_return=475, seed=0
+        "a2c", "CartPole-v1", run_dir=str(tmp_path / "a2c"), total_steps=150_000, stop_return=475, seed=0
     )
     result = phalanx.train(config, show_progress=False)
-    assert result.summary["best_eval_return"] >= 300, result.summary
+    assert result.summary["best_eval_return"] >= 475, result.summary
 
 
 def test_ppo_continuous_improves_on_pendulum(tmp_path):
+    # A random policy scores about -1200; the preset reaches -200 on seed 0 in ~65k env steps.
     config = phalanx.make_config(
-        "ppo", "Pendulum-v1", run_dir=str(tmp_path / "pendulum"), total_steps=200_000, eval_every=50_000, seed=0
+        "ppo",
+        "Pendulum-v1",
+        run_dir=str(tmp_path / "pendulum"),
+        total_steps=160_000,
+        stop_return=-200,
+        seed=0,
     )
     result = phalanx.train(config, show_progress=False)
-    # A random policy scores about -1200; the budget is far from solving, but learning must show.
-    assert result.summary["best_eval_return"] > -1000, result.summary
+    assert result.summary["best_eval_return"] >= -200, result.summary
 
 
 def test_run_directory_layout(tmp_path):
@@ -106,8 +114,12 @@ def test_seeded_runs_repeat_exactly(tmp_path):
     [("CartPole-v1", {}), ("Pendulum-v1", {"normalize_obs": True, "normalize_reward": True})],
 )
 def test_resume_continues_exactly(tmp_path, env, extra):
-    straight = phalanx.train(small_config(tmp_path, "straight", env=env, total_steps=4096, **extra), show_progress=False)
-    half = phalanx.train(small_config(tmp_path, "half", env=env, total_steps=2048, **extra), show_progress=False)
+    straight = phalanx.train(
+        small_config(tmp_path, "straight", env=env, total_steps=4096, **extra), show_progress=False
+    )
+    half = phalanx.train(
+        small_config(tmp_path, "half", env=env, total_steps=2048, **extra), show_progress=False
+    )
     resumed = phalanx.resume(half.run_dir, total_steps=4096, show_progress=False)
     assert resumed.summary["total_steps"] == 4096
     a, b = parameters(straight.run_dir), parameters(resumed.run_dir)

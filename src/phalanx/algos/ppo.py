@@ -112,6 +112,15 @@ class A2CConfig(ActorCriticConfig):
         check(self.rmsprop_eps > 0, "rmsprop_eps", self.rmsprop_eps, "> 0")
 
 
+def _adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
+    """Adam with the fused kernel where this torch has it for the device (CPU: torch >= 2.4), else the
+    default implementation. Same update rule; on CPU the fused step is ~4x faster for small networks."""
+    try:
+        return torch.optim.Adam(parameters, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(parameters, **kwargs)
+
+
 class PPO(Algorithm):
     name = "ppo"
     config_class = PPOConfig
@@ -119,7 +128,11 @@ class PPO(Algorithm):
     config: PPOConfig
 
     def __init__(
-        self, config: ActorCriticConfig, observation_space: gym.Space, action_space: gym.Space, device: torch.device
+        self,
+        config: ActorCriticConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        device: torch.device,
     ) -> None:
         super().__init__(config, observation_space, action_space, device)
         in_dim = obs_dim(observation_space)
@@ -129,7 +142,11 @@ class PPO(Algorithm):
             )
         else:
             self.policy = GaussianPolicy(
-                in_dim, int(action_space.shape[0]), config.hidden_sizes, config.activation, config.log_std_init
+                in_dim,
+                int(action_space.shape[0]),
+                config.hidden_sizes,
+                config.activation,
+                config.log_std_init,
             )
         self.value = ValueNet(in_dim, config.hidden_sizes, config.activation)
         self.policy.to(self.device)
@@ -138,7 +155,7 @@ class PPO(Algorithm):
         self.optimizer = self.make_optimizer()
 
     def make_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
+        return _adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -182,25 +199,30 @@ class PPO(Algorithm):
         advantages = advantages.flatten()
         returns = returns.flatten()
         batch_size = obs.shape[0]
+        # The per-sample scalars as rows of one tensor, so that a minibatch gathers them in one op.
+        targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
 
         # 3. Minibatch epochs.
-        sums: dict[str, torch.Tensor] = {}
+        metric_names: list[str] = []
+        metric_sums: torch.Tensor | None = None  # running sums of the step metrics, one host sync-free op
         num_steps = 0
         for _epoch in range(self.num_epochs()):
-            for index in torch.randperm(batch_size, device=self.device).split(self.minibatch_size(batch_size)):
+            for index in torch.randperm(batch_size, device=self.device).split(
+                self.minibatch_size(batch_size)
+            ):
                 minibatch_obs = obs[index]
+                mb_old_log_probs, mb_advantages, mb_old_values, mb_returns = targets.index_select(1, index)
                 log_probs, entropy = self.policy.log_prob_entropy(minibatch_obs, actions[index])
-                log_ratio = log_probs - old_log_probs[index]
+                log_ratio = log_probs - mb_old_log_probs
                 ratio = log_ratio.exp()
-                minibatch_advantages = advantages[index]
                 if config.normalize_advantages and len(index) > 1:
-                    minibatch_advantages = (minibatch_advantages - minibatch_advantages.mean()) / (
-                        minibatch_advantages.std() + 1e-8
-                    )
-                policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, minibatch_advantages)
-                value_loss = self.value_loss(self.value(minibatch_obs), old_values[index], returns[index])
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, mb_advantages)
+                value_loss = self.value_loss(self.value(minibatch_obs), mb_old_values, mb_returns)
                 entropy_mean = entropy.mean()
-                loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
+                loss = policy_loss + config.value_coef * value_loss
+                if config.entropy_coef != 0:  # with a zero coefficient the entropy term adds nothing
+                    loss = loss - config.entropy_coef * entropy_mean
 
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -211,19 +233,21 @@ class PPO(Algorithm):
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - log_ratio).mean()  # unbiased KL estimator (Schulman)
                     step_metrics = {
-                        "policy_loss": policy_loss.detach(),
-                        "value_loss": value_loss.detach(),
-                        "entropy": entropy_mean.detach(),
+                        "policy_loss": policy_loss,
+                        "value_loss": value_loss,
+                        "entropy": entropy_mean,
                         "approx_kl": approx_kl,
                         **policy_metrics,
                     }
-                for key, value in step_metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value
+                    step_values = torch.stack(list(step_metrics.values()))
+                    metric_sums = step_values if metric_sums is None else metric_sums + step_values
+                metric_names = list(step_metrics)
                 num_steps += 1
             if self.stop_early(approx_kl):
                 break
 
-        metrics = {key: value / num_steps for key, value in sums.items()}
+        assert metric_sums is not None
+        metrics = dict(zip(metric_names, (metric_sums / num_steps).unbind(), strict=True))
         with torch.no_grad():
             explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
         metrics["explained_variance"] = explained
@@ -248,11 +272,15 @@ class PPO(Algorithm):
             clip_fraction = ((ratio - 1).abs() > e).float().mean()
         return loss, {"clip_fraction": clip_fraction}
 
-    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    def value_loss(
+        self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+    ) -> torch.Tensor:
         """Squared error to the GAE returns; with clip_value, the pessimum of clipped and unclipped."""
         loss = (values - returns).pow(2)
         if self.config.clip_value is not None:
-            clipped = old_values + (values - old_values).clamp(-self.config.clip_value, self.config.clip_value)
+            clipped = old_values + (values - old_values).clamp(
+                -self.config.clip_value, self.config.clip_value
+            )
             loss = torch.max(loss, (clipped - returns).pow(2))
         return 0.5 * loss.mean()
 
@@ -298,7 +326,9 @@ class A2C(PPO):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return -(log_probs * advantages).mean(), {}
 
-    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    def value_loss(
+        self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+    ) -> torch.Tensor:
         return 0.5 * (values - returns).pow(2).mean()
 
     def stop_early(self, approx_kl: torch.Tensor) -> bool:

@@ -1,0 +1,65 @@
+"""All benchmarks (``make bench``): env throughput, then time to solve against Stable-Baselines3.
+
+    python benchmarks/run_all.py                 # 5 seeds (about 5-10 minutes on 2 CPU cores)
+    python benchmarks/run_all.py --seeds 2       # quicker
+    python benchmarks/run_all.py --device cuda --num-envs 1048576
+
+Each benchmark writes its JSON under benchmarks/results/ and the tables are printed at the end.
+The numbers depend on the machine and on what else runs on it: run on an otherwise idle machine
+(the load average is recorded in the JSON files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import env_throughput  # noqa: E402
+import time_to_solve  # noqa: E402
+from benchlib import load_average  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per library and env for time to solve")
+    parser.add_argument("--envs", default="CartPole-v1,Pendulum-v1", help="time-to-solve envs")
+    parser.add_argument("--device", default="cpu", help="device of the throughput benchmark's phalanx env")
+    parser.add_argument(
+        "--num-envs", type=int, default=65_536, help="phalanx envs in the throughput benchmark"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="time to solve: torch threads for both (0: torch default)",
+    )
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-time-to-solve", action="store_true")
+    args = parser.parse_args(argv)
+
+    print(f"load average (1, 5, 15 min) before: {load_average()}\n", flush=True)
+    outputs = []
+    if not args.skip_throughput:
+        print("## Env throughput\n", flush=True)
+        result = env_throughput.main(
+            ["--device", args.device, "--num-envs", str(args.num_envs), "--threads", "1,0", "--json"]
+        )
+        outputs.append("## Env throughput\n\n" + env_throughput.table(result))
+    if not args.skip_time_to_solve:
+        print("\n## Time to solve\n", flush=True)
+        result = time_to_solve.main(
+            ["--seeds", str(args.seeds), "--envs", args.envs, "--torch-threads", str(args.torch_threads)]
+        )
+        outputs.append("## Time to solve\n\n" + time_to_solve.tables(result))
+    print("\n\n# Summary\n")
+    print("\n\n".join(outputs))
+    print(f"\nload average (1, 5, 15 min) after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

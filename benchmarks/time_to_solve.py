@@ -1,0 +1,462 @@
+"""Time to solve: phalanx PPO against Stable-Baselines3 PPO (rl-baselines3-zoo hyperparameters), same machine.
+
+    python benchmarks/time_to_solve.py                       # CartPole-v1 and Pendulum-v1, seeds 0..4
+    python benchmarks/time_to_solve.py --seeds 3 --envs CartPole-v1
+    python benchmarks/time_to_solve.py --json out.json
+
+Every run is its own subprocess, and the runs go one after another (never two at once), alternating
+libraries seed by seed, so that both see the same machine state:
+
+- phalanx: the command of the project's goal, ``phalanx train ppo ENV --stop-return R --seed S``
+  (``python -m phalanx.cli``), with the shipped preset. Its time is ``time_to_stop_return_s`` from the
+  run's ``summary.json``.
+- Stable-Baselines3: ``stable_baselines3.PPO`` with the rl-baselines3-zoo hyperparameters (``ZOO`` below,
+  copied from rl_zoo3 2.9.2 ``hyperparams/ppo.yml``), a ``DummyVecEnv`` as the zoo builds it, and an
+  ``EvalCallback`` with ``StopTrainingOnRewardThreshold(R)`` as ``callback_on_new_best``. Its time is
+  taken by that callback when the threshold is reached.
+
+Same protocol on both sides:
+
+- Evaluation: ``eval_episodes`` = 10 deterministic episodes, one per sub-env of a 10-env evaluation env
+  (phalanx's Evaluator; for SB3 ``evaluate_policy`` on a ``DummyVecEnv`` of 10 ``Monitor`` envs, which
+  also runs exactly one episode per sub-env), every ``eval_every`` env steps; a run stops at the
+  first evaluation whose mean return reaches R. Evaluation time counts on both sides.
+- Wall time: ``time.perf_counter`` from the start of training (phalanx: the start of
+  ``Trainer.train``; SB3: just before ``model.learn``) to the end of the evaluation that reached R.
+  Python imports, env and network construction are excluded on both sides. The subprocess's total
+  wall time (imports included) is recorded too, as ``process_s``.
+- Threads: ``--torch-threads N`` on both sides (default 1; 0 leaves torch's default, one thread per
+  core). One thread is the default because both libraries step small networks, where intra-op
+  threads only add synchronisation, and because with torch's default a second process on the
+  machine (a test run, another benchmark) makes every small op wait on a descheduled thread: on a
+  2-core machine under load, phalanx's CartPole runs took 2-87 s with 2 threads against 1.3-4.6 s
+  with 1 (BENCHMARKS.md has both settings).
+- Budget: phalanx's preset ``total_steps``; SB3 ``--sb3-budget-factor`` (5) x the zoo's ``n_timesteps``.
+  The zoo's linear schedules (``lin_0.001``) run over SB3's ``total_timesteps``, as with
+  ``rl_zoo3.train -n <budget>``. A run that never reaches R is reported as not reached, with its steps.
+
+Evaluation interval: phalanx uses its preset's ``eval_every``. For SB3 the interval is a multiple of its
+rollout (its policy only changes once per rollout): CartPole-v1 every 4,096 env steps (16 rollouts of
+8 x 32) and Pendulum-v1 every 4,096 env steps (every rollout of 4 x 1024). These are roughly as often,
+relative to the steps each library needs to solve, as phalanx's intervals; override with
+``--sb3-eval-every``.
+
+The benchmark measures and reports; it does not assert a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import RESULTS_DIR, machine_info, markdown_table, write_json  # noqa: E402
+
+THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 1_000_003  # as phalanx's trainer: evaluation envs get seed + this
+
+# rl-baselines3-zoo 2.9.2, hyperparams/ppo.yml (checked against the rl_zoo3 wheel).
+ZOO: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {
+        "n_envs": 8,
+        "n_timesteps": 100_000,
+        "policy": "MlpPolicy",
+        "n_steps": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "ent_coef": 0.0,
+        "learning_rate": "lin_0.001",
+        "clip_range": "lin_0.2",
+    },
+    "Pendulum-v1": {
+        "n_envs": 4,
+        "n_timesteps": 100_000,
+        "policy": "MlpPolicy",
+        "n_steps": 1024,
+        "gae_lambda": 0.95,
+        "gamma": 0.9,
+        "n_epochs": 10,
+        "ent_coef": 0.0,
+        "learning_rate": 1e-3,
+        "clip_range": 0.2,
+        "use_sde": True,
+        "sde_sample_freq": 4,
+    },
+}
+SB3_EVAL_EVERY = {"CartPole-v1": 4096, "Pendulum-v1": 4096}
+
+
+# -- the runs (each in its own subprocess) ------------------------------------------------------------
+def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, threads: int) -> dict[str, Any]:
+    """One SB3 run in this process; returns what it measured."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    if threads:
+        torch.set_num_threads(threads)
+    hyperparams = dict(ZOO[env_id])
+    n_envs = hyperparams.pop("n_envs")
+    n_timesteps = hyperparams.pop("n_timesteps")
+    policy = hyperparams.pop("policy")
+    normalize = hyperparams.pop("normalize", False)
+    for key in ("learning_rate", "clip_range"):
+        value = hyperparams.get(key)
+        if isinstance(value, str) and value.startswith("lin_"):
+            initial = float(value[4:])
+            hyperparams[key] = lambda progress_remaining, initial=initial: progress_remaining * initial
+    threshold = THRESHOLDS[env_id]
+    budget = int(budget_factor * n_timesteps)
+
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    eval_env = make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)
+    if normalize:  # as the zoo: VecNormalize on training, frozen statistics for evaluation
+        env = VecNormalize(env, gamma=hyperparams["gamma"])
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False, gamma=hyperparams["gamma"])
+    model = PPO(policy, env, seed=seed, device="cpu", verbose=0, **hyperparams)
+
+    class Stop(StopTrainingOnRewardThreshold):
+        solved_at: float | None = None
+        solved_steps: int | None = None
+
+        def _on_step(self) -> bool:
+            keep_going = super()._on_step()
+            if not keep_going and self.solved_at is None:
+                self.solved_at = time.perf_counter()
+                self.solved_steps = self.num_timesteps
+            return keep_going
+
+    stop = Stop(reward_threshold=threshold, verbose=0)
+    evaluations: list[tuple[int, float]] = []
+
+    class Eval(EvalCallback):
+        def _on_step(self) -> bool:
+            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            result = super()._on_step()
+            if evaluating:
+                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
+            return result
+
+    callback = Eval(
+        eval_env,
+        callback_on_new_best=stop,
+        n_eval_episodes=EVAL_EPISODES,
+        eval_freq=max(eval_every // n_envs, 1),
+        deterministic=True,
+        verbose=0,
+        warn=False,
+    )
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=callback)
+    end = time.perf_counter()
+    reached = stop.solved_at is not None
+    return {
+        "library": "sb3",
+        "env": env_id,
+        "seed": seed,
+        "reached": reached,
+        "time_to_solve_s": stop.solved_at - start if reached else None,
+        "steps": stop.solved_steps if reached else model.num_timesteps,
+        "train_wall_s": end - start,
+        "budget_steps": budget,
+        "eval_every": max(eval_every // n_envs, 1) * n_envs,
+        "evaluations": len(evaluations),
+        "last_eval_return": evaluations[-1][1] if evaluations else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def run_phalanx(env_id: str, seed: int, threads: int, log_dir: Path, timeout: float) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"phalanx-{env_id}-s{seed}-", dir=log_dir)) / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx.cli",
+        "train",
+        "ppo",
+        env_id,
+        "--stop-return",
+        str(THRESHOLDS[env_id]),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+    ]
+    if threads:
+        command += ["--torch-threads", str(threads)]
+    start = time.perf_counter()
+    completed = _run(command, log_dir / f"phalanx-{env_id}-s{seed}.log", timeout)
+    process_s = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    if completed != 0 or not summary_path.is_file():
+        return {
+            "library": "phalanx",
+            "env": env_id,
+            "seed": seed,
+            "reached": False,
+            "error": f"exit {completed}",
+            "process_s": process_s,
+            "time_to_solve_s": None,
+            "steps": None,
+        }
+    summary = json.loads(summary_path.read_text())
+    config = _read_yaml(run_dir / "config.yaml")
+    for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
+        shutil.copy(run_dir / name, log_dir / f"phalanx-{env_id}-s{seed}-{name}")
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    reached = summary["time_to_stop_return_s"] is not None
+    return {
+        "library": "phalanx",
+        "env": env_id,
+        "seed": seed,
+        "reached": reached,
+        "time_to_solve_s": summary["time_to_stop_return_s"],
+        "steps": summary["total_steps"],
+        "train_wall_s": summary["wall_time_s"],
+        "budget_steps": config.get("total_steps"),
+        "eval_every": config.get("eval_every"),
+        "num_envs": summary["num_envs"],
+        "last_eval_return": summary["eval_return_mean"],
+        "process_s": process_s,
+        "command": " ".join(command[3:]),
+    }
+
+
+def run_sb3(env_id: str, seed: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    eval_every = args.sb3_eval_every or SB3_EVAL_EVERY[env_id]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sb3-worker",
+        env_id,
+        str(seed),
+        str(args.sb3_budget_factor),
+        str(eval_every),
+        str(args.torch_threads),
+    ]
+    out = log_dir / f"sb3-{env_id}-s{seed}.log"
+    start = time.perf_counter()
+    completed = _run(command, out, args.timeout)
+    process_s = time.perf_counter() - start
+    lines = [line for line in out.read_text().splitlines() if line.startswith("RESULT ")]
+    if completed != 0 or not lines:
+        return {
+            "library": "sb3",
+            "env": env_id,
+            "seed": seed,
+            "reached": False,
+            "error": f"exit {completed}",
+            "process_s": process_s,
+            "time_to_solve_s": None,
+            "steps": None,
+        }
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result["process_s"] = process_s
+    return result
+
+
+def _run(command: list[str], log: Path, timeout: float) -> int:
+    with open(log, "w") as handle:
+        try:
+            return subprocess.run(
+                command,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
+# -- aggregation and report ---------------------------------------------------------------------------
+def median_time(runs: list[dict[str, Any]]) -> float:
+    """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
+    times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
+    return statistics.median(times) if times else math.nan
+
+
+def summarize(runs: list[dict[str, Any]], envs: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for env_id in envs:
+        entry: dict[str, Any] = {"threshold": THRESHOLDS[env_id]}
+        for library in ("phalanx", "sb3"):
+            mine = [r for r in runs if r["env"] == env_id and r["library"] == library]
+            if not mine:
+                continue
+            reached = [r for r in mine if r.get("reached")]
+            entry[library] = {
+                "runs": len(mine),
+                "reached": len(reached),
+                "median_time_to_solve_s": _finite(median_time(mine)),
+                "median_steps_reached": statistics.median(r["steps"] for r in reached) if reached else None,
+            }
+        phalanx, sb3 = entry.get("phalanx"), entry.get("sb3")
+        if phalanx and sb3 and phalanx["median_time_to_solve_s"] and sb3["median_time_to_solve_s"]:
+            entry["ratio_sb3_over_phalanx"] = (
+                sb3["median_time_to_solve_s"] / phalanx["median_time_to_solve_s"]
+            )
+        summary[env_id] = entry
+    return summary
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def tables(result: dict[str, Any]) -> str:
+    out = []
+    for env_id, entry in result["summary"].items():
+        rows = []
+        seeds = sorted({r["seed"] for r in result["runs"] if r["env"] == env_id})
+        for seed in seeds:
+            row: list[Any] = [seed]
+            for library in ("phalanx", "sb3"):
+                run = next(
+                    (
+                        r
+                        for r in result["runs"]
+                        if r["env"] == env_id and r["library"] == library and r["seed"] == seed
+                    ),
+                    None,
+                )
+                row += _cells(run)
+            rows.append(row)
+        medians: list[Any] = ["**median**"]
+        for library in ("phalanx", "sb3"):
+            stats = entry.get(library)
+            if stats is None:
+                medians += ["-", "-"]
+                continue
+            time_cell = (
+                f"**{stats['median_time_to_solve_s']:.1f}**"
+                if stats["median_time_to_solve_s"]
+                else "not reached"
+            )
+            steps_cell = f"{stats['median_steps_reached']:,.0f}" if stats["median_steps_reached"] else "-"
+            medians += [f"{time_cell} ({stats['reached']}/{stats['runs']} reached)", steps_cell]
+        rows.append(medians)
+        header = ["seed", "phalanx time to solve (s)", "phalanx steps", "SB3 time to solve (s)", "SB3 steps"]
+        ratio = entry.get("ratio_sb3_over_phalanx")
+        title = f"### {env_id}: PPO to a deterministic evaluation mean >= {entry['threshold']:g}"
+        footer = (
+            f"\nSB3 median / phalanx median: **{ratio:.1f}x**"
+            if ratio
+            else "\nSB3 median / phalanx median: n/a (a median did not reach the threshold)"
+        )
+        out.append(f"{title}\n\n{markdown_table(header, rows)}\n{footer}")
+    return "\n\n".join(out)
+
+
+def _cells(run: dict[str, Any] | None) -> list[Any]:
+    if run is None:
+        return ["-", "-"]
+    if run.get("error"):
+        return [f"failed ({run['error']})", "-"]
+    if not run["reached"]:
+        return [
+            f"not reached (last eval {run.get('last_eval_return', float('nan')):.0f})",
+            f"{run['steps']:,}",
+        ]
+    return [f"{run['time_to_solve_s']:.1f}", f"{run['steps']:,}"]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--sb3-worker":
+        env_id, seed, factor, eval_every, threads = argv[1:6]
+        result = sb3_worker(env_id, int(seed), float(factor), int(eval_every), int(threads))
+        print("RESULT " + json.dumps(result), flush=True)
+        return result
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per library and env (default 5)")
+    parser.add_argument("--envs", default="CartPole-v1,Pendulum-v1", help="comma-separated env ids")
+    parser.add_argument("--libraries", default="phalanx,sb3", help="comma-separated: phalanx, sb3")
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="torch threads for both (default 1; 0: torch default)"
+    )
+    parser.add_argument(
+        "--sb3-budget-factor", type=float, default=5.0, help="SB3 budget = this x zoo n_timesteps"
+    )
+    parser.add_argument("--sb3-eval-every", type=int, default=0, help="SB3 env steps between evaluations")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
+    )
+    args = parser.parse_args(argv)
+    envs = [e for e in args.envs.split(",") if e]
+    libraries = [lib for lib in args.libraries.split(",") if lib]
+    for env_id in envs:
+        if env_id not in THRESHOLDS:
+            parser.error(f"--envs: {env_id!r} has no threshold; choose from {sorted(THRESHOLDS)}")
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="time_to_solve-", dir=RESULTS_DIR))
+    machine = machine_info()
+    machine["torch_threads"] = args.torch_threads or machine["torch_threads"]
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for env_id in envs:
+        for seed in range(args.seeds):
+            for library in libraries:
+                if library == "phalanx":
+                    run = run_phalanx(env_id, seed, args.torch_threads, log_dir, args.timeout)
+                else:
+                    run = run_sb3(env_id, seed, args, log_dir)
+                runs.append(run)
+                shown = f"{run['time_to_solve_s']:.1f} s" if run.get("reached") else "not reached"
+                print(f"{env_id} seed {seed} {library:8s} {shown} ({run.get('steps')} steps)", flush=True)
+    result = {
+        "benchmark": "time_to_solve",
+        "machine": machine,
+        "load_average_after": machine_info()["load_average_1_5_15min"],
+        "total_benchmark_s": time.perf_counter() - started,
+        "settings": {
+            "seeds": list(range(args.seeds)),
+            "eval_episodes": EVAL_EPISODES,
+            "thresholds": {e: THRESHOLDS[e] for e in envs},
+            "sb3_zoo_hyperparameters": {e: ZOO[e] for e in envs},
+            "sb3_budget_factor": args.sb3_budget_factor,
+            "sb3_eval_every": {e: args.sb3_eval_every or SB3_EVAL_EVERY[e] for e in envs},
+            "torch_threads": args.torch_threads or "default",
+            "timing": "perf_counter from the start of training to the evaluation that reached the threshold; "
+            "imports and construction excluded on both sides",
+            "logs": str(log_dir),
+        },
+        "runs": runs,
+        "summary": summarize(runs, envs),
+    }
+    print()
+    print(tables(result))
+    path = write_json(result, args.json, "time_to_solve")
+    print(f"\nwrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
