@@ -6,6 +6,14 @@ result = phalanx.train(config)
 agent = phalanx.load_agent(result.run_dir)
 """
 
+import os
+
+# Before torch is first imported: idle OpenMP threads sleep instead of spinning. With torch's default
+# of one thread per core, spinning threads stall every small op whenever another process holds a core
+# (measured: a 2 s CartPole run took 9-87 s on a shared 2-core machine). Set the variable yourself to
+# override; it has no effect if torch was imported before phalanx.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from phalanx.agent import Agent, evaluate, load_agent
 from phalanx.algos.ppo import A2CConfig, PPOConfig
 from phalanx.config import TrainConfig, make_config

@@ -47,8 +47,10 @@ class TrainResult:
 def build_env(
     config: TrainConfig, num_envs: int, training: bool, obs_statistics: Any | None = None
 ) -> VecEnv:
-    """The env the algorithm sees: NaN guard, actions in [-1, 1], optional normalisation."""
-    env: VecEnv = NanGuard(make_env(config.env, num_envs=num_envs, device=config.device))
+    """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation."""
+    env: VecEnv = make_env(config.env, num_envs=num_envs, device=config.device)
+    if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
+        env = NanGuard(env)
     if isinstance(env.single_action_space, gym.spaces.Box):
         env = RescaleAction(env)
     if config.normalize_obs:
