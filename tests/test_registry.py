@@ -96,7 +96,7 @@ def test_register_refuses_builtin_ids_and_non_vecenv_factories(env_id):
 def test_list_envs():
     envs = list_envs()
     assert set(envs) == {"builtin", "registered", "gymnasium"}
-    assert envs["builtin"] == sorted(CLASSIC_ENVS)
+    assert envs["builtin"] == sorted([*CLASSIC_ENVS, "StockTrading-v0"])
     assert "CartPole-v1" in envs["gymnasium"]
 
 

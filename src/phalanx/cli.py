@@ -1,4 +1,4 @@
-"""The ``phalanx`` command: train, eval, resume, envs, check-env.
+"""The ``phalanx`` command: train, eval, resume, backtest, envs, check-env.
 
 ``phalanx train ALGO ENV`` starts from the algorithm's defaults, applies the shipped preset for that
 pair, then ``--config FILE``, then the flags; every flag is generated from the config dataclasses.
@@ -31,6 +31,8 @@ commands:
   eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
                                    evaluate a trained agent with its deterministic policy
   resume RUN_DIR [--total-steps N] continue a run from its latest checkpoint
+  backtest RUN_DIR [--start DATE] [--end DATE] [--checkpoint best|latest|PATH]
+                                   out-of-sample backtest of a stock trading agent
   envs                             list the environment ids
   check-env MODULE:FACTORY [--num-envs N] [--device D] [--steps N]
                                    check that your VecEnv follows the contract
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": cmd_train,
         "eval": cmd_eval,
         "resume": cmd_resume,
+        "backtest": cmd_backtest,
         "envs": cmd_envs,
         "check-env": cmd_check_env,
     }
@@ -212,6 +215,39 @@ def cmd_resume(argv: list[str]) -> int:
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
+    return 0
+
+
+def cmd_backtest(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="phalanx backtest",
+        description="Backtest a stock trading agent out of sample (deterministic policy, one episode "
+        "from the initial cash) against equal-weight buy-and-hold and the index; writes "
+        "RUN_DIR/backtest/ (equity.png, equity.csv, trades.csv, metrics.json).",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("--start", default=None, help="first date (default: the env's test period)")
+    parser.add_argument("--end", default=None, help="last date, inclusive (default: the end of the data)")
+    parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    from phalanx.finance.backtesting import METRIC_LABELS, STRATEGY_LABELS, backtest, format_metric
+    from phalanx.finance.metrics import METRIC_NAMES
+
+    result = backtest(args.run_dir, args.start, args.end, checkpoint=args.checkpoint, device=args.device)
+    table = Table(title=f"backtest of {args.run_dir}: {result.period[0]}..{result.period[1]}")
+    table.add_column("metric")
+    for strategy in result.metrics:
+        table.add_column(STRATEGY_LABELS.get(strategy, strategy), justify="right")
+    for metric in METRIC_NAMES:
+        table.add_row(
+            METRIC_LABELS[metric], *(format_metric(metric, result.metrics[s][metric]) for s in result.metrics)
+        )
+    out = Console()
+    out.print(table)
+    for note in result.notes:
+        out.print(escape(note), highlight=False)
+    out.print(f"written: {result.out_dir}", highlight=False)
     return 0
 
 

@@ -23,3 +23,7 @@ class ContractError(PhalanxError):
 
 class CheckpointError(PhalanxError):
     """A checkpoint or run directory cannot be read, or does not belong to this run."""
+
+
+class DataError(PhalanxError, ValueError):
+    """A market data file or frame is empty, malformed, or does not cover what was asked of it."""

@@ -3,7 +3,7 @@
 :func:`make_env` resolves an id in this order:
 
 1. ids registered with :func:`register_env` (these may shadow a built-in id with ``overwrite=True``);
-2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS``);
+2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS`` and ``StockTrading-v0``);
 3. ``"gym:<id>"``: the Gymnasium adapter (:class:`~phalanx.envs.workers.GymnasiumVecEnv`), forced;
 4. any other id in Gymnasium's registry, through the same adapter.
 """
@@ -34,8 +34,9 @@ _GYM_PREFIX = "gym:"
 
 def _builtin() -> dict[str, VecEnvFactory]:
     from phalanx.envs.classic import CLASSIC_ENVS  # lazy: keeps `import phalanx.envs` light
+    from phalanx.envs.trading import StockTradingVecEnv  # its data loading imports pandas lazily
 
-    return dict(CLASSIC_ENVS)
+    return {**CLASSIC_ENVS, "StockTrading-v0": StockTradingVecEnv}
 
 
 def register_env(env_id: str, factory: VecEnvFactory, *, overwrite: bool = False) -> None:

@@ -1,0 +1,275 @@
+"""Out-of-sample backtest of a trained trading agent against equal-weight buy-and-hold and the index.
+
+:func:`backtest` rebuilds the run's environment, turns it into one deterministic episode over the
+test period (:meth:`~phalanx.envs.trading.StockTradingVecEnv.backtest_env`: same data, costs and
+settings, starting with the initial cash at the period's first bar) and runs the agent's
+deterministic policy through it. The benchmarks start with the same cash on the same bar:
+
+- **buy-and-hold**: equal value in every stock, bought at the first close (paying the same
+  proportional transaction cost), never rebalanced;
+- **index**: the benchmark index of the data set (the S&P 500 for the vendored data), scaled to the
+  initial cash, without costs.
+
+It reports the six metrics of :mod:`phalanx.finance.metrics` for each, and writes
+``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` into ``RUN_DIR/backtest/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.errors import CheckpointError, EnvError
+from phalanx.finance.metrics import METRIC_NAMES, performance_summary
+
+__all__ = ["BacktestResult", "backtest"]
+
+STRATEGY_LABELS = {"agent": "agent", "buy_and_hold": "buy & hold (equal weight)", "index": "index"}
+METRIC_LABELS = {
+    "cumulative_return": "cumulative return",
+    "annualized_return": "annualised return",
+    "sharpe_ratio": "Sharpe ratio",
+    "annualized_volatility": "annualised volatility",
+    "max_drawdown": "max drawdown",
+    "calmar_ratio": "Calmar ratio",
+}
+PERCENT_METRICS = ("cumulative_return", "annualized_return", "annualized_volatility", "max_drawdown")
+
+
+@dataclass
+class BacktestResult:
+    """What :func:`backtest` measured; ``equity`` and ``metrics`` are keyed by strategy."""
+
+    run_dir: Path
+    period: tuple[str, str]
+    training_period: tuple[str, str]
+    periods_per_year: float
+    dates: np.ndarray
+    """(L + 1,) datetime64: the period's bars; equity[k] is the value at the close of dates[k]."""
+    equity: dict[str, np.ndarray]
+    metrics: dict[str, dict[str, float]]
+    num_trades: int
+    total_costs: float
+    out_dir: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def in_sample(self) -> bool:
+        """True when the backtest period overlaps the period the agent was trained on."""
+        return self.period[0] <= self.training_period[1] and self.training_period[0] <= self.period[1]
+
+    def format(self) -> str:
+        """The metrics as a plain-text table, one column per strategy."""
+        strategies = list(self.metrics)
+        header = ["metric", *(STRATEGY_LABELS.get(s, s) for s in strategies)]
+        rows = [header]
+        for metric in METRIC_NAMES:
+            rows.append(
+                [METRIC_LABELS[metric], *(format_metric(metric, self.metrics[s][metric]) for s in strategies)]
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = [
+            "  ".join(
+                cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+            )
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        title = f"backtest {self.period[0]}..{self.period[1]} ({len(self.dates) - 1} bars)"
+        return "\n".join([title, *lines, *self.notes])
+
+
+def format_metric(metric: str, value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.2f}%" if metric in PERCENT_METRICS else f"{value:.3f}"
+
+
+def _trading_env(env_id: str, device: str) -> Any:
+    from phalanx.envs.registry import make_env
+    from phalanx.envs.trading import StockTradingVecEnv
+
+    env = make_env(env_id, num_envs=1, device=device)
+    while not isinstance(env, StockTradingVecEnv) and hasattr(env, "env"):
+        env = env.env
+    if not isinstance(env, StockTradingVecEnv):
+        raise EnvError(
+            f"backtest needs a stock trading run: env {env_id!r} builds a {type(env).__name__}, not a "
+            "StockTradingVecEnv. Backtest runs trained on StockTrading-v0 (or an id registered with a "
+            "StockTradingVecEnv factory)."
+        )
+    return env
+
+
+def backtest(
+    run_dir: str | Path,
+    start: Any = None,
+    end: Any = None,
+    *,
+    checkpoint: str = "best",
+    device: str = "cpu",
+    write: bool = True,
+) -> BacktestResult:
+    """Backtest the run's agent (deterministic policy) over ``start..end`` (default: the env's test
+    period, e.g. 2018-2022 for StockTrading-v0) against equal-weight buy-and-hold and the index.
+
+    Writes ``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` to ``RUN_DIR/backtest/``
+    unless ``write`` is False. ``checkpoint`` is "best" (chosen by the training-period evaluation),
+    "latest", or a checkpoint path.
+    """
+    from phalanx.agent import load_agent
+    from phalanx.train.trainer import read_run_config
+
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    train_env = _trading_env(config.env, device)
+    env = train_env.backtest_env(start, end)
+    agent = load_agent(run_dir, checkpoint, device)
+    expected = tuple(agent.observation_space.shape)
+    if tuple(env.single_observation_space.shape) != expected:
+        raise CheckpointError(
+            f"the agent of {str(run_dir)!r} observes {expected} values, but {config.env!r} now builds "
+            f"observations of shape {tuple(env.single_observation_space.shape)} (different tickers or "
+            "settings?). Backtest with the env the agent was trained on."
+        )
+
+    steps = env.episode_length
+    first = env.first_bar
+    dates = env.dates[first : first + steps + 1]
+    num_stocks = len(env.tickers)
+    equity = np.empty(steps + 1)
+    equity[0] = env.initial_cash
+    trades = np.zeros((steps, num_stocks))
+    costs = np.zeros(steps)
+    prices = env.prices[first : first + steps + 1].double().cpu().numpy()  # (L + 1, S)
+    obs, _ = env.reset(seed=0)
+    ruined_at = None
+    with torch.no_grad():
+        for k in range(steps):
+            actions = agent.act(obs)
+            obs, _, terminated, _, _ = env.step(actions)
+            equity[k + 1] = float(env.last_value[0])
+            trades[k] = env.last_trades[0].double().cpu().numpy()
+            costs[k] = float(env.last_costs[0])
+            if bool(terminated[0]):
+                ruined_at = k + 1
+                equity[k + 1 :] = 0.0
+                break
+
+    cash = env.initial_cash
+    cost = env.transaction_cost
+    shares = (cash / num_stocks) / (prices[0] * (1.0 + cost))  # (S,) equal value in each stock
+    curves = {"agent": equity, "buy_and_hold": np.concatenate([[cash], prices[1:] @ shares])}
+    notes: list[str] = []
+    if env.index_data is not None:
+        index = env.index_data[first : first + steps + 1]
+        if np.isfinite(index).all() and index[0] > 0:
+            curves["index"] = cash * index / index[0]
+        else:
+            notes.append("index: not reported (it has no value on some bars of the period).")
+    per_year = env.periods_per_year
+    metrics = {name: performance_summary(curve, per_year) for name, curve in curves.items()}
+    result = BacktestResult(
+        run_dir=run_dir,
+        period=(env.market.date(first), env.market.date(first + steps)),
+        training_period=train_env.period,
+        periods_per_year=per_year,
+        dates=dates,
+        equity=curves,
+        metrics=metrics,
+        num_trades=int((np.abs(trades) * prices[:-1] > 1e-6).sum()),
+        total_costs=float(costs.sum()),
+        notes=notes,
+    )
+    if ruined_at is not None:
+        notes.append(f"agent: the portfolio value reached 0 after {ruined_at} bars; it stays 0 afterwards.")
+    if result.in_sample:
+        notes.append(
+            f"warning: the period overlaps the training period {train_env.period[0]}..{train_env.period[1]}: "
+            "this is an in-sample result."
+        )
+    notes.append(
+        f"agent: {result.num_trades} trades, transaction costs {result.total_costs:,.0f} "
+        f"({100 * result.total_costs / cash:.2f}% of the initial cash); checkpoint {checkpoint!r} after "
+        f"{agent.steps:,} training steps."
+    )
+    if write:
+        result.out_dir = _write(result, env, trades, prices, cost)
+    return result
+
+
+def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndarray, cost: float) -> Path:
+    out = result.run_dir / "backtest"
+    out.mkdir(parents=True, exist_ok=True)
+    day = np.datetime_as_string(result.dates, unit="D" if env.market.daily else "m")
+    with (out / "equity.csv").open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["date", *result.equity])
+        for k, date in enumerate(day):
+            writer.writerow([date, *(f"{curve[k]:.2f}" for curve in result.equity.values())])
+    with (out / "trades.csv").open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["date", "ticker", "side", "shares", "price", "value", "cost"])
+        for k, i in zip(*np.nonzero(np.abs(trades) * prices[:-1] > 1e-6), strict=True):
+            shares, price = trades[k, i], prices[k, i]
+            value = shares * price
+            writer.writerow(
+                [
+                    day[k],
+                    env.tickers[i],
+                    "buy" if shares > 0 else "sell",
+                    f"{shares:.6f}",
+                    f"{price:.4f}",
+                    f"{value:.2f}",
+                    f"{cost * abs(value):.2f}",
+                ]
+            )
+    payload = {
+        "period": list(result.period),
+        "training_period": list(result.training_period),
+        "in_sample": result.in_sample,
+        "periods_per_year": result.periods_per_year,
+        "num_trades": result.num_trades,
+        "total_costs": result.total_costs,
+        "metrics": {
+            name: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in values.items()}
+            for name, values in result.metrics.items()
+        },
+        "notes": result.notes,
+    }
+    (out / "metrics.json").write_text(json.dumps(payload, indent=2) + "\n")
+    _plot(result, out / "equity.png")
+    return out
+
+
+def _plot(result: BacktestResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dates = result.dates.astype("datetime64[ms]").astype(object)
+    figure, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 5.5), dpi=110, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    for name, curve in result.equity.items():
+        label = f"{STRATEGY_LABELS.get(name, name)} ({100 * result.metrics[name]['cumulative_return']:+.1f}%)"
+        top.plot(dates, curve, label=label, linewidth=1.4 if name == "agent" else 1.0)
+        peaks = np.maximum.accumulate(curve)
+        bottom.plot(dates, -100 * (1 - curve / np.where(peaks > 0, peaks, 1)), linewidth=0.9)
+    top.set_ylabel("portfolio value")
+    top.set_title(f"out-of-sample backtest {result.period[0]}..{result.period[1]}")
+    top.legend(loc="upper left", fontsize=8)
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("drawdown %")
+    bottom.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
