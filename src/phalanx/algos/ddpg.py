@@ -23,12 +23,38 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, polyak_update
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
+
+
+def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
+    """Adam with the fused kernel where this torch has it for the device (CPU: torch >= 2.4), else the
+    default implementation. Same update rule; on CPU the fused step is ~3x faster for small networks,
+    which matters when an update is a few small matmuls."""
+    try:
+        return torch.optim.Adam(parameters, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(parameters, **kwargs)
+
+
+class PolyakPair:
+    """``target <- (1 - tau) * target + tau * source`` as one foreach op on cached parameter lists
+    (``polyak_update`` without re-listing the modules' parameters at every update)."""
+
+    def __init__(self, target: nn.Module, source: nn.Module) -> None:
+        self.target = list(target.parameters())
+        self.source = list(source.parameters())
+
+    @torch.no_grad()
+    def update(self, tau: float) -> None:
+        if tau >= 1.0:
+            torch._foreach_copy_(self.target, self.source)
+        else:
+            torch._foreach_lerp_(self.target, self.source, tau)
 
 
 @dataclass
@@ -103,9 +129,11 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             config.num_critics, self.obs_dim + self.action_dim, config.hidden_sizes, 1, config.activation
         ).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.learning_rate)
+        self.critic_parameters = list(self.critic.parameters())
+        self.critic_polyak = PolyakPair(self.critic_target, self.critic)
+        self.actor_optimizer = make_adam(list(self.actor.parameters()), lr=config.learning_rate)
         critic_lr = config.critic_learning_rate or config.learning_rate
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=critic_lr)
+        self.critic_optimizer = make_adam(self.critic_parameters, lr=critic_lr)
         self.updates = 0
 
     # -- what subclasses define ------------------------------------------------------------------
@@ -120,7 +148,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         raise NotImplementedError
 
     def update_targets(self) -> None:
-        polyak_update(self.critic_target, self.critic, self.config.tau)
+        self.critic_polyak.update(self.config.tau)
 
     # -- the shared critic -----------------------------------------------------------------------
     def q_values(self, critic: EnsembleMLP, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -149,18 +177,23 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
 
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_values.detach().mean()}
         if self.updates % self.config.policy_delay == 0:
-            self.critic.requires_grad_(False)  # the actor's loss moves the actor only
+            self.set_critic_grad(False)  # the actor's loss moves the actor only
             actor_loss, actor_metrics = self.actor_loss(batch.obs)
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()
-            self.critic.requires_grad_(True)
+            self.set_critic_grad(True)
             self.after_actor_step(actor_metrics)
             self.update_targets()
             metrics.update(
                 actor_loss=actor_loss.detach(), **{k: v.detach() for k, v in actor_metrics.items()}
             )
         return metrics
+
+    def set_critic_grad(self, requires_grad: bool) -> None:
+        """``critic.requires_grad_`` on the cached parameter list (no walk over the submodules)."""
+        for parameter in self.critic_parameters:
+            parameter.requires_grad_(requires_grad)
 
     def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
         """Hook after each actor step (SAC tunes its temperature here)."""
@@ -195,6 +228,7 @@ class DDPG(EnsembleCriticAlgorithm):
     def __init__(self, config: DDPGConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.actor_polyak = PolyakPair(self.actor_target, self.actor)
 
     def make_actor(self) -> nn.Module:
         config = self.config
@@ -223,7 +257,7 @@ class DDPG(EnsembleCriticAlgorithm):
 
     def update_targets(self) -> None:
         super().update_targets()
-        polyak_update(self.actor_target, self.actor, self.config.tau)
+        self.actor_polyak.update(self.config.tau)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "actor_target": self.actor_target.state_dict()}

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, polyak_update
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig
+from phalanx.algos.ddpg import PolyakPair, make_adam
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim
@@ -127,7 +128,9 @@ class DQN(OffPolicyAlgorithm):
             config.dueling,
         ).to(self.device)
         self.q_target = copy.deepcopy(self.q_network).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=config.learning_rate)
+        self.q_parameters = list(self.q_network.parameters())
+        self.q_polyak = PolyakPair(self.q_target, self.q_network)
+        self.optimizer = make_adam(self.q_parameters, lr=config.learning_rate)
         self.updates = 0
         self.last_epsilon = config.exploration_initial
 
@@ -164,11 +167,11 @@ class DQN(OffPolicyAlgorithm):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.q_network.parameters(), config.max_grad_norm)
+            nn.utils.clip_grad_norm_(self.q_parameters, config.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
-            polyak_update(self.q_target, self.q_network, config.tau)
+            self.q_polyak.update(config.tau)
         return {
             "q_loss": loss.detach(),
             "q_mean": q_values.detach().mean(),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
+from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig, make_adam
 from phalanx.config import TrainConfig, check
 from phalanx.nets import mlp
 
@@ -95,7 +95,7 @@ class SAC(EnsembleCriticAlgorithm):
     def __init__(self, config: SACConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
         self.log_alpha = torch.tensor(math.log(config.alpha_init), device=self.device, requires_grad=True)
-        self.alpha_optimizer = torch.optim.Adam(
+        self.alpha_optimizer = make_adam(
             [self.log_alpha], lr=config.alpha_learning_rate or config.learning_rate
         )
         self.target_entropy = (
@@ -133,9 +133,9 @@ class SAC(EnsembleCriticAlgorithm):
     def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
         log_probs = actor_metrics.pop("log_probs")
         if self.config.learn_alpha:
-            alpha_loss = -(self.log_alpha * (log_probs + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
+            # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:
+            # the same step as autograd's, without a backward pass for one scalar.
+            self.log_alpha.grad = -(log_probs.mean() + self.target_entropy)
             self.alpha_optimizer.step()
         actor_metrics["alpha"] = self.alpha
 
