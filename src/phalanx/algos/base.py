@@ -130,15 +130,30 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@torch.no_grad()
-def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) * target + tau * source, parameter by parameter (tau = 1: copy)."""
-    target_params = list(target.parameters())
-    source_params = list(source.parameters())
-    if tau >= 1.0:
-        torch._foreach_copy_(target_params, source_params)
-    else:
-        torch._foreach_lerp_(target_params, source_params, tau)
+def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
+    """Adam with the fused kernel where this torch has it for the device (CPU: torch >= 2.4), else the
+    default implementation. Same update rule; on CPU the fused step is ~3x faster for small networks,
+    which matters when an update is a few small matmuls."""
+    try:
+        return torch.optim.Adam(parameters, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(parameters, **kwargs)
+
+
+class PolyakPair:
+    """A target network that follows its source: ``target <- (1 - tau) * target + tau * source``
+    (``tau = 1``: a copy), as one foreach op over parameter lists cached at construction."""
+
+    def __init__(self, target: nn.Module, source: nn.Module) -> None:
+        self.target = list(target.parameters())
+        self.source = list(source.parameters())
+
+    @torch.no_grad()
+    def update(self, tau: float) -> None:
+        if tau >= 1.0:
+            torch._foreach_copy_(self.target, self.source)
+        else:
+            torch._foreach_lerp_(self.target, self.source, tau)
 
 
 class OffPolicyAlgorithm(Algorithm):

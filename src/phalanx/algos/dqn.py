@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig
-from phalanx.algos.ddpg import PolyakPair, make_adam
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair, make_adam
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim

@@ -21,7 +21,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from phalanx.algos.base import Algorithm
+from phalanx.algos.base import Algorithm, make_adam
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, obs_dim
@@ -112,15 +112,6 @@ class A2CConfig(ActorCriticConfig):
         check(self.rmsprop_eps > 0, "rmsprop_eps", self.rmsprop_eps, "> 0")
 
 
-def _adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
-    """Adam with the fused kernel where this torch has it for the device (CPU: torch >= 2.4), else the
-    default implementation. Same update rule; on CPU the fused step is ~4x faster for small networks."""
-    try:
-        return torch.optim.Adam(parameters, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(parameters, **kwargs)
-
-
 class PPO(Algorithm):
     name = "ppo"
     config_class = PPOConfig
@@ -155,7 +146,7 @@ class PPO(Algorithm):
         self.optimizer = self.make_optimizer()
 
     def make_optimizer(self) -> torch.optim.Optimizer:
-        return _adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
+        return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()

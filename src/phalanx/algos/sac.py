@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig, make_adam
+from phalanx.algos.base import make_adam
+from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
 from phalanx.config import TrainConfig, check
 from phalanx.nets import mlp
 
