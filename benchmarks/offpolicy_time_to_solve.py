@@ -1,0 +1,491 @@
+"""Time to solve, off-policy: phalanx SAC/TD3/DQN against Stable-Baselines3, same machine, same script.
+
+    python benchmarks/offpolicy_time_to_solve.py            # sac, td3 (Pendulum), dqn (CartPole), seeds 0..4
+    python benchmarks/offpolicy_time_to_solve.py --tasks sac --seeds 3
+    python benchmarks/offpolicy_time_to_solve.py --json out.json
+
+Tasks (the issue's targets):
+
+- ``sac``: SAC on Pendulum-v1 to a deterministic evaluation mean of -200. SB3: ``stable_baselines3.SAC``
+  with its constructor defaults (lr 3e-4, buffer 1e6, learning_starts 100, batch 256, tau 0.005,
+  gamma 0.99, train_freq 1, gradient_steps 1, ent_coef "auto", [256, 256] networks).
+- ``td3``: TD3 on Pendulum-v1 to -200. SB3: ``stable_baselines3.TD3`` with its constructor defaults
+  (lr 1e-3, buffer 1e6, learning_starts 100, batch 256, tau 0.005, gamma 0.99, policy_delay 2,
+  target noise 0.2 clipped at 0.5, [400, 300] networks). SB3's TD3 has no exploration noise by default;
+  this script adds ``NormalActionNoise(0, 0.1)``, as SB3's documentation example does.
+- ``dqn``: DQN on CartPole-v1 to 475. SB3: ``stable_baselines3.DQN`` with the rl-baselines3-zoo settings
+  (``ZOO_DQN`` below, copied from rl_zoo3 2.9.2 ``hyperparams/dqn.yml``).
+
+Every run is its own subprocess, and the runs go one after another (never two at once), alternating
+libraries seed by seed, so that both see the same machine state:
+
+- phalanx: ``phalanx train ALGO ENV --stop-return R --seed S --torch-threads T`` (``python -m
+  phalanx.cli``) with the shipped preset. Its time is ``time_to_stop_return_s`` of ``summary.json``.
+- SB3: the model above on ``make_vec_env(ENV, n_envs=1)``, and an ``EvalCallback`` with
+  ``StopTrainingOnRewardThreshold(R)`` as ``callback_on_new_best``; its time is taken when that
+  callback fires.
+
+Same protocol on both sides:
+
+- Evaluation: 10 deterministic episodes, one per sub-env of a 10-env evaluation env (phalanx's
+  Evaluator; SB3's ``evaluate_policy`` on a ``DummyVecEnv`` of 10 ``Monitor`` envs, which runs exactly
+  one episode per sub-env), every ``eval_every`` env steps: phalanx's preset value, and the same number
+  of env steps for SB3 (``--sb3-eval-every`` overrides). A run stops at the first evaluation whose mean
+  reaches R; evaluation time counts on both sides.
+- Wall time: ``time.perf_counter`` from the start of training (phalanx: the start of ``Trainer.train``;
+  SB3: just before ``model.learn``) to the end of the evaluation that reached R. Imports, env and
+  network construction are excluded on both sides; the subprocess's total wall time is recorded too,
+  as ``process_s``, and its CPU time as ``cpu_s`` (SB3 only; phalanx: ``process_s`` of the CLI).
+- Threads: ``--torch-threads`` (default 1) for both.
+- Budget: phalanx its preset's ``total_steps``; SB3 ``SB3_BUDGET`` env steps (SAC, TD3: 50,000, several
+  times what they usually need; DQN: 2 x the zoo's ``n_timesteps`` with the zoo's epsilon schedule kept
+  in absolute steps, i.e. ``exploration_fraction`` rescaled so that epsilon still decays over
+  0.16 x 50,000 = 8,000 steps). A run that never reaches R is reported as not reached, with its steps;
+  medians count it as infinitely slow.
+
+The benchmark measures and reports; it does not assert a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import RESULTS_DIR, machine_info, markdown_table, write_json  # noqa: E402
+
+TASKS: dict[str, dict[str, Any]] = {
+    "sac": {"env": "Pendulum-v1", "threshold": -200.0},
+    "td3": {"env": "Pendulum-v1", "threshold": -200.0},
+    "dqn": {"env": "CartPole-v1", "threshold": 475.0},
+}
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 1_000_003  # as phalanx's trainer: evaluation envs get seed + this
+
+# rl-baselines3-zoo 2.9.2, hyperparams/dqn.yml, CartPole-v1 (checked against the rl_zoo3 wheel).
+ZOO_DQN = {
+    "n_timesteps": 50_000,
+    "policy": "MlpPolicy",
+    "learning_rate": 2.3e-3,
+    "batch_size": 64,
+    "buffer_size": 100_000,
+    "learning_starts": 1000,
+    "gamma": 0.99,
+    "target_update_interval": 10,
+    "train_freq": 256,
+    "gradient_steps": 128,
+    "exploration_fraction": 0.16,
+    "exploration_final_eps": 0.04,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}
+SB3_BUDGET = {"sac": 50_000, "td3": 50_000, "dqn": 2 * ZOO_DQN["n_timesteps"]}
+
+
+def phalanx_preset(algo: str, env_id: str) -> dict[str, Any]:
+    from phalanx import make_config
+
+    config = make_config(algo, env_id)
+    return {"eval_every": config.eval_every, "total_steps": config.total_steps, "num_envs": config.num_envs}
+
+
+# -- the runs (each in its own subprocess) ------------------------------------------------------------
+def sb3_model(algo: str, env, seed: int, budget: int):
+    import numpy as np
+    from stable_baselines3 import DQN, SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    if algo == "sac":
+        return SAC("MlpPolicy", env, seed=seed, device="cpu", verbose=0)
+    if algo == "td3":
+        action_dim = env.action_space.shape[0]
+        noise = NormalActionNoise(mean=np.zeros(action_dim), sigma=0.1 * np.ones(action_dim))
+        return TD3("MlpPolicy", env, action_noise=noise, seed=seed, device="cpu", verbose=0)
+    hyperparams = {k: v for k, v in ZOO_DQN.items() if k not in ("n_timesteps", "policy")}
+    # The zoo's epsilon decays over exploration_fraction * n_timesteps steps; keep that in absolute steps.
+    hyperparams["exploration_fraction"] = ZOO_DQN["exploration_fraction"] * ZOO_DQN["n_timesteps"] / budget
+    return DQN(ZOO_DQN["policy"], env, seed=seed, device="cpu", verbose=0, **hyperparams)
+
+
+def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str, Any]:
+    """One SB3 run in this process; returns what it measured."""
+    import torch
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
+
+    if threads:
+        torch.set_num_threads(threads)
+    env_id, threshold = TASKS[algo]["env"], TASKS[algo]["threshold"]
+    budget = SB3_BUDGET[algo]
+    env = make_vec_env(env_id, n_envs=1, seed=seed)
+    eval_env = make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)
+    model = sb3_model(algo, env, seed, budget)
+
+    class Stop(StopTrainingOnRewardThreshold):
+        solved_at: float | None = None
+        solved_steps: int | None = None
+
+        def _on_step(self) -> bool:
+            keep_going = super()._on_step()
+            if not keep_going and self.solved_at is None:
+                self.solved_at = time.perf_counter()
+                self.solved_steps = self.num_timesteps
+            return keep_going
+
+    stop = Stop(reward_threshold=threshold, verbose=0)
+    evaluations: list[tuple[int, float]] = []
+
+    class Eval(EvalCallback):
+        def _on_step(self) -> bool:
+            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            result = super()._on_step()
+            if evaluating:
+                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
+            return result
+
+    callback = Eval(
+        eval_env,
+        callback_on_new_best=stop,
+        n_eval_episodes=EVAL_EPISODES,
+        eval_freq=eval_every,  # one training env: calls = env steps
+        deterministic=True,
+        verbose=0,
+        warn=False,
+    )
+    cpu_start = time.process_time()
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=callback)
+    end = time.perf_counter()
+    reached = stop.solved_at is not None
+    return {
+        "library": "sb3",
+        "algo": algo,
+        "env": env_id,
+        "seed": seed,
+        "reached": reached,
+        "time_to_solve_s": stop.solved_at - start if reached else None,
+        "steps": stop.solved_steps if reached else model.num_timesteps,
+        "updates": int(model._n_updates),
+        "train_wall_s": end - start,
+        "train_cpu_s": time.process_time() - cpu_start,
+        "budget_steps": budget,
+        "eval_every": eval_every,
+        "evaluations": len(evaluations),
+        "last_eval_return": evaluations[-1][1] if evaluations else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def run_phalanx(algo: str, seed: int, threads: int, log_dir: Path, timeout: float) -> dict[str, Any]:
+    env_id, threshold = TASKS[algo]["env"], TASKS[algo]["threshold"]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"phalanx-{algo}-s{seed}-", dir=log_dir)) / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx.cli",
+        "train",
+        algo,
+        env_id,
+        "--stop-return",
+        str(threshold),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+    ]
+    if threads:
+        command += ["--torch-threads", str(threads)]
+    start = time.perf_counter()
+    completed, cpu_s = _run(command, log_dir / f"phalanx-{algo}-s{seed}.log", timeout)
+    process_s = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    base = {
+        "library": "phalanx",
+        "algo": algo,
+        "env": env_id,
+        "seed": seed,
+        "process_s": process_s,
+        "process_cpu_s": cpu_s,
+    }
+    if completed != 0 or not summary_path.is_file():
+        return {
+            **base,
+            "reached": False,
+            "error": f"exit {completed}",
+            "time_to_solve_s": None,
+            "steps": None,
+        }
+    summary = json.loads(summary_path.read_text())
+    config = _read_yaml(run_dir / "config.yaml")
+    for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
+        shutil.copy(run_dir / name, log_dir / f"phalanx-{algo}-s{seed}-{name}")
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    reached = summary["time_to_stop_return_s"] is not None
+    return {
+        **base,
+        "reached": reached,
+        "time_to_solve_s": summary["time_to_stop_return_s"],
+        "steps": summary["total_steps"],
+        "updates": summary["updates"],
+        "train_wall_s": summary["wall_time_s"],
+        "budget_steps": config.get("total_steps"),
+        "eval_every": config.get("eval_every"),
+        "num_envs": summary["num_envs"],
+        "last_eval_return": summary["eval_return_mean"],
+        "command": " ".join(command[3:]),
+    }
+
+
+def run_sb3(algo: str, seed: int, eval_every: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sb3-worker",
+        algo,
+        str(seed),
+        str(eval_every),
+        str(args.torch_threads),
+    ]
+    out = log_dir / f"sb3-{algo}-s{seed}.log"
+    start = time.perf_counter()
+    completed, cpu_s = _run(command, out, args.timeout)
+    process_s = time.perf_counter() - start
+    lines = [line for line in out.read_text().splitlines() if line.startswith("RESULT ")]
+    if completed != 0 or not lines:
+        return {
+            "library": "sb3",
+            "algo": algo,
+            "env": TASKS[algo]["env"],
+            "seed": seed,
+            "reached": False,
+            "error": f"exit {completed}",
+            "process_s": process_s,
+            "time_to_solve_s": None,
+            "steps": None,
+        }
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result["process_s"] = process_s
+    result["process_cpu_s"] = cpu_s
+    return result
+
+
+def _run(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
+    """Run ``command`` to ``log``; (exit code, CPU seconds of the child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log, "w") as handle:
+        try:
+            code = subprocess.run(
+                command,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return code, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
+# -- aggregation and report ---------------------------------------------------------------------------
+def median_time(runs: list[dict[str, Any]]) -> float:
+    """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
+    times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
+    return statistics.median(times) if times else math.nan
+
+
+def summarize(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for algo in tasks:
+        entry: dict[str, Any] = {"env": TASKS[algo]["env"], "threshold": TASKS[algo]["threshold"]}
+        for library in ("phalanx", "sb3"):
+            mine = [r for r in runs if r["algo"] == algo and r["library"] == library]
+            if not mine:
+                continue
+            reached = [r for r in mine if r.get("reached")]
+            median = median_time(mine)
+            entry[library] = {
+                "runs": len(mine),
+                "reached": len(reached),
+                "median_time_to_solve_s": median if math.isfinite(median) else None,
+                "median_steps_reached": statistics.median(r["steps"] for r in reached) if reached else None,
+            }
+        phalanx, sb3 = entry.get("phalanx"), entry.get("sb3")
+        if phalanx and sb3 and phalanx["median_time_to_solve_s"] and sb3["median_time_to_solve_s"]:
+            entry["ratio_sb3_over_phalanx"] = (
+                sb3["median_time_to_solve_s"] / phalanx["median_time_to_solve_s"]
+            )
+        summary[algo] = entry
+    return summary
+
+
+def tables(result: dict[str, Any]) -> str:
+    out = []
+    for algo, entry in result["summary"].items():
+        rows = []
+        seeds = sorted({r["seed"] for r in result["runs"] if r["algo"] == algo})
+        for seed in seeds:
+            row: list[Any] = [seed]
+            for library in ("phalanx", "sb3"):
+                run = next(
+                    (
+                        r
+                        for r in result["runs"]
+                        if r["algo"] == algo and r["library"] == library and r["seed"] == seed
+                    ),
+                    None,
+                )
+                row += _cells(run)
+            rows.append(row)
+        medians: list[Any] = ["**median**"]
+        for library in ("phalanx", "sb3"):
+            stats = entry.get(library)
+            if stats is None:
+                medians += ["-", "-", "-"]
+                continue
+            time_cell = (
+                f"**{stats['median_time_to_solve_s']:.1f}**"
+                if stats["median_time_to_solve_s"]
+                else "not reached"
+            )
+            steps_cell = f"{stats['median_steps_reached']:,.0f}" if stats["median_steps_reached"] else "-"
+            medians += [f"{time_cell} ({stats['reached']}/{stats['runs']} reached)", steps_cell, ""]
+        rows.append(medians)
+        header = [
+            "seed",
+            "phalanx time (s)",
+            "phalanx env steps",
+            "phalanx updates",
+            "SB3 time (s)",
+            "SB3 env steps",
+            "SB3 updates",
+        ]
+        ratio = entry.get("ratio_sb3_over_phalanx")
+        title = (
+            f"### {algo.upper()} on {entry['env']}: time to a deterministic evaluation mean "
+            f">= {entry['threshold']:g}"
+        )
+        footer = (
+            f"\nSB3 median / phalanx median: **{ratio:.1f}x**"
+            if ratio
+            else "\nSB3 median / phalanx median: n/a (a median did not reach the threshold)"
+        )
+        out.append(f"{title}\n\n{markdown_table(header, rows)}\n{footer}")
+    return "\n\n".join(out)
+
+
+def _cells(run: dict[str, Any] | None) -> list[Any]:
+    if run is None:
+        return ["-", "-", "-"]
+    if run.get("error"):
+        return [f"failed ({run['error']})", "-", "-"]
+    updates = f"{run['updates']:,}" if run.get("updates") is not None else "-"
+    if not run["reached"]:
+        last = run.get("last_eval_return")
+        last_text = f"{last:.0f}" if last is not None else "-"
+        return [f"not reached (last eval {last_text})", f"{run['steps']:,}", updates]
+    return [f"{run['time_to_solve_s']:.1f}", f"{run['steps']:,}", updates]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--sb3-worker":
+        algo, seed, eval_every, threads = argv[1:5]
+        result = sb3_worker(algo, int(seed), int(eval_every), int(threads))
+        print("RESULT " + json.dumps(result), flush=True)
+        return result
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per library and task (default 5)")
+    parser.add_argument("--tasks", default="sac,td3,dqn", help="comma-separated: sac, td3, dqn")
+    parser.add_argument("--libraries", default="phalanx,sb3", help="comma-separated: phalanx, sb3")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch threads for both (default 1)")
+    parser.add_argument(
+        "--sb3-eval-every",
+        type=int,
+        default=0,
+        help="SB3 env steps between evaluations (default: phalanx's preset eval_every)",
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
+    )
+    args = parser.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    libraries = [lib for lib in args.libraries.split(",") if lib]
+    for algo in tasks:
+        if algo not in TASKS:
+            parser.error(f"--tasks: unknown task {algo!r}; choose from {sorted(TASKS)}")
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="offpolicy_time_to_solve-", dir=RESULTS_DIR))
+    machine = machine_info()
+    machine["torch_threads"] = args.torch_threads or "default"
+    presets = {algo: phalanx_preset(algo, TASKS[algo]["env"]) for algo in tasks}
+    sb3_eval_every = {algo: args.sb3_eval_every or presets[algo]["eval_every"] for algo in tasks}
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for algo in tasks:
+        for seed in range(args.seeds):
+            for library in libraries:
+                if library == "phalanx":
+                    run = run_phalanx(algo, seed, args.torch_threads, log_dir, args.timeout)
+                else:
+                    run = run_sb3(algo, seed, sb3_eval_every[algo], args, log_dir)
+                runs.append(run)
+                shown = f"{run['time_to_solve_s']:.1f} s" if run.get("reached") else "not reached"
+                where = f"{algo} {TASKS[algo]['env']} seed {seed}"
+                print(f"{where} {library:8s} {shown} ({run.get('steps')} steps)", flush=True)
+    result = {
+        "benchmark": "offpolicy_time_to_solve",
+        "machine": machine,
+        "load_average_after": machine_info()["load_average_1_5_15min"],
+        "total_benchmark_s": time.perf_counter() - started,
+        "settings": {
+            "seeds": list(range(args.seeds)),
+            "tasks": {algo: TASKS[algo] for algo in tasks},
+            "eval_episodes": EVAL_EPISODES,
+            "phalanx_presets": presets,
+            "sb3_eval_every": sb3_eval_every,
+            "sb3_budget_steps": {algo: SB3_BUDGET[algo] for algo in tasks},
+            "sb3_settings": {
+                "sac": "stable_baselines3.SAC constructor defaults",
+                "td3": "stable_baselines3.TD3 constructor defaults + NormalActionNoise(0, 0.1)",
+                "dqn": {"rl_zoo3_2.9.2": ZOO_DQN, "exploration_fraction_rescaled_to_budget": True},
+            },
+            "torch_threads": args.torch_threads or "default",
+            "timing": "perf_counter from the start of training to the evaluation that reached the threshold; "
+            "imports and construction excluded on both sides",
+            "logs": str(log_dir),
+        },
+        "runs": runs,
+        "summary": summarize(runs, tasks),
+    }
+    print()
+    print(tables(result))
+    path = write_json(result, args.json, "offpolicy_time_to_solve")
+    print(f"\nwrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
