@@ -113,3 +113,14 @@ def test_every_algorithm_runs_from_the_cli(tmp_path, algo, capsys):
     if algo == "redq":
         flags += ["--updates-per-step", "2"]
     assert main(["train", algo, env, *flags]) == 0, capsys.readouterr().err
+
+
+def test_metrics_csv_gets_the_losses_that_start_after_the_warm_up(tmp_path):
+    import csv
+
+    result = phalanx.train(config(tmp_path, "sac", "Pendulum-v1", log_every=16), show_progress=False)
+    with (result.run_dir / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert rows[0]["critic_loss"] == ""  # logged during the warm-up, before any update
+    assert any(row["critic_loss"] and row["alpha"] for row in rows[1:])
+    assert all(row["steps"] for row in rows)

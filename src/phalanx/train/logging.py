@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ FIRST_COLUMNS = [
 class RunLogger:
     """Writes one row per log step to metrics.csv and TensorBoard, and shows live progress.
 
-    Columns are fixed by the first row (plus the evaluation columns, empty when there was none);
-    a resumed run appends to the existing file with its header.
+    Columns are the fixed first ones plus every metric seen so far, empty where a row has none; when
+    a new metric appears (off-policy losses start after the warm-up) the file is rewritten once with
+    the wider header. A resumed run appends to the existing file.
     """
 
     def __init__(
@@ -67,10 +69,12 @@ class RunLogger:
     def log(self, row: dict[str, Any]) -> None:
         row = {key: _scalar(value) for key, value in row.items()}
         if self.columns is None:
-            extra = sorted(key for key in row if key not in FIRST_COLUMNS)
-            self.columns = FIRST_COLUMNS + extra
+            self.columns = list(FIRST_COLUMNS)
             with self.csv_path.open("w", newline="") as file:
                 csv.writer(file).writerow(self.columns)
+        new = sorted(key for key in row if key not in self.columns)
+        if new:
+            self._widen(new)
         with self.csv_path.open("a", newline="") as file:
             csv.writer(file).writerow(["" if row.get(key) is None else row.get(key) for key in self.columns])
         if self.writer is not None:
@@ -89,6 +93,18 @@ class RunLogger:
                 fps=f"{fps:,.0f}" if fps else "-",
                 ret=self.last_return,
             )
+
+    def _widen(self, new_columns: list[str]) -> None:
+        """Rewrite metrics.csv with ``new_columns`` added (earlier rows get empty cells)."""
+        with self.csv_path.open(newline="") as file:
+            rows = list(csv.DictReader(file))
+        self.columns = [*self.columns, *new_columns]
+        temporary = self.csv_path.with_name(self.csv_path.name + ".tmp")
+        with temporary.open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary, self.csv_path)
 
     def message(self, text: str) -> None:
         self.console.print(text)
