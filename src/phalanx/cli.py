@@ -111,7 +111,7 @@ def parse_train_args(argv: list[str]) -> Any:
         if any(a in ("-h", "--help") for a in argv) and len(positional) == 1:
             pass  # `phalanx train ppo --help`: show the flags with the algorithm's defaults
         else:
-            lines = [f"  {name:<6} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
+            lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
             raise PhalanxError(
                 "`phalanx train` needs an algorithm and an environment: phalanx train ALGO ENV [flags], "
                 "e.g. `phalanx train ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
