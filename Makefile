@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/phalanx train ppo CartPole-v1 --num-envs 1024 --stop-return 475 --run-dir runs/demo-cartpole-ppo
+	$(BIN)/phalanx train ppo CartPole-v1 --num-envs 1024 --stop-return 475
 
 test: venv
 	$(BIN)/python -m pytest -q
