@@ -78,3 +78,99 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 
 def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+# -- time-to-solve harness shared by time_to_solve.py and offpolicy_time_to_solve.py -----------------
+def sb3_learn_until(
+    model: Any, eval_env: Any, threshold: float, eval_freq: int, budget: int
+) -> dict[str, Any]:
+    """Train an SB3 ``model`` until an ``EvalCallback`` (one deterministic episode per sub-env of
+    ``eval_env``, every ``eval_freq`` callback calls) reaches ``threshold``, or for ``budget`` env
+    steps; returns what it measured, timed from the call to ``learn``."""
+    import time
+
+    import torch
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+
+    class Stop(StopTrainingOnRewardThreshold):
+        solved_at: float | None = None
+        solved_steps: int | None = None
+
+        def _on_step(self) -> bool:
+            keep_going = super()._on_step()
+            if not keep_going and self.solved_at is None:
+                self.solved_at = time.perf_counter()
+                self.solved_steps = self.num_timesteps
+            return keep_going
+
+    stop = Stop(reward_threshold=threshold, verbose=0)
+    evaluations: list[tuple[int, float]] = []
+
+    class Eval(EvalCallback):
+        def _on_step(self) -> bool:
+            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            result = super()._on_step()
+            if evaluating:
+                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
+            return result
+
+    callback = Eval(
+        eval_env,
+        callback_on_new_best=stop,
+        n_eval_episodes=eval_env.num_envs,
+        eval_freq=eval_freq,
+        deterministic=True,
+        verbose=0,
+        warn=False,
+    )
+    cpu_start = time.process_time()
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=callback)
+    end = time.perf_counter()
+    reached = stop.solved_at is not None
+    return {
+        "reached": reached,
+        "time_to_solve_s": stop.solved_at - start if reached else None,
+        "steps": stop.solved_steps if reached else model.num_timesteps,
+        "train_wall_s": end - start,
+        "train_cpu_s": time.process_time() - cpu_start,
+        "budget_steps": budget,
+        "evaluations": len(evaluations),
+        "last_eval_return": evaluations[-1][1] if evaluations else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def run_logged(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
+    """Run ``command`` with its output to ``log``; (exit code, 124 on timeout; CPU seconds of the child)."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log, "w") as handle:
+        try:
+            code = subprocess.run(
+                command,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return code, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
+def median_time(runs: list[dict[str, Any]]) -> float:
+    """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
+    import math
+
+    times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
+    return statistics.median(times) if times else math.nan

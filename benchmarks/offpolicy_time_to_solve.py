@@ -51,11 +51,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +61,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import RESULTS_DIR, machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import (  # noqa: E402
+    RESULTS_DIR,
+    machine_info,
+    markdown_table,
+    median_time,
+    read_yaml,
+    run_logged,
+    sb3_learn_until,
+    write_json,
+)
 
 TASKS: dict[str, dict[str, Any]] = {
     "sac": {"env": "Pendulum-v1", "threshold": -200.0},
@@ -121,7 +127,6 @@ def sb3_model(algo: str, env, seed: int, budget: int):
 def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str, Any]:
     """One SB3 run in this process; returns what it measured."""
     import torch
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
 
     if threads:
@@ -132,58 +137,15 @@ def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str,
     eval_env = make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)
     model = sb3_model(algo, env, seed, budget)
 
-    class Stop(StopTrainingOnRewardThreshold):
-        solved_at: float | None = None
-        solved_steps: int | None = None
-
-        def _on_step(self) -> bool:
-            keep_going = super()._on_step()
-            if not keep_going and self.solved_at is None:
-                self.solved_at = time.perf_counter()
-                self.solved_steps = self.num_timesteps
-            return keep_going
-
-    stop = Stop(reward_threshold=threshold, verbose=0)
-    evaluations: list[tuple[int, float]] = []
-
-    class Eval(EvalCallback):
-        def _on_step(self) -> bool:
-            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
-            result = super()._on_step()
-            if evaluating:
-                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
-            return result
-
-    callback = Eval(
-        eval_env,
-        callback_on_new_best=stop,
-        n_eval_episodes=EVAL_EPISODES,
-        eval_freq=eval_every,  # one training env: calls = env steps
-        deterministic=True,
-        verbose=0,
-        warn=False,
-    )
-    cpu_start = time.process_time()
-    start = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=callback)
-    end = time.perf_counter()
-    reached = stop.solved_at is not None
+    measured = sb3_learn_until(model, eval_env, threshold, eval_every, budget)  # one env: calls = steps
     return {
         "library": "sb3",
         "algo": algo,
         "env": env_id,
         "seed": seed,
-        "reached": reached,
-        "time_to_solve_s": stop.solved_at - start if reached else None,
-        "steps": stop.solved_steps if reached else model.num_timesteps,
+        **measured,
         "updates": int(model._n_updates),
-        "train_wall_s": end - start,
-        "train_cpu_s": time.process_time() - cpu_start,
-        "budget_steps": budget,
         "eval_every": eval_every,
-        "evaluations": len(evaluations),
-        "last_eval_return": evaluations[-1][1] if evaluations else None,
-        "torch_threads": torch.get_num_threads(),
     }
 
 
@@ -207,7 +169,7 @@ def run_phalanx(algo: str, seed: int, threads: int, log_dir: Path, timeout: floa
     if threads:
         command += ["--torch-threads", str(threads)]
     start = time.perf_counter()
-    completed, cpu_s = _run(command, log_dir / f"phalanx-{algo}-s{seed}.log", timeout)
+    completed, cpu_s = run_logged(command, log_dir / f"phalanx-{algo}-s{seed}.log", timeout)
     process_s = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
     base = {
@@ -227,7 +189,7 @@ def run_phalanx(algo: str, seed: int, threads: int, log_dir: Path, timeout: floa
             "steps": None,
         }
     summary = json.loads(summary_path.read_text())
-    config = _read_yaml(run_dir / "config.yaml")
+    config = read_yaml(run_dir / "config.yaml")
     for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
         shutil.copy(run_dir / name, log_dir / f"phalanx-{algo}-s{seed}-{name}")
     shutil.rmtree(run_dir.parent, ignore_errors=True)
@@ -259,7 +221,7 @@ def run_sb3(algo: str, seed: int, eval_every: int, args: argparse.Namespace, log
     ]
     out = log_dir / f"sb3-{algo}-s{seed}.log"
     start = time.perf_counter()
-    completed, cpu_s = _run(command, out, args.timeout)
+    completed, cpu_s = run_logged(command, out, args.timeout)
     process_s = time.perf_counter() - start
     lines = [line for line in out.read_text().splitlines() if line.startswith("RESULT ")]
     if completed != 0 or not lines:
@@ -280,37 +242,7 @@ def run_sb3(algo: str, seed: int, eval_every: int, args: argparse.Namespace, log
     return result
 
 
-def _run(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
-    """Run ``command`` to ``log``; (exit code, CPU seconds of the child)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(log, "w") as handle:
-        try:
-            code = subprocess.run(
-                command,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return code, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(path.read_text()) if path.is_file() else {}
-
-
 # -- aggregation and report ---------------------------------------------------------------------------
-def median_time(runs: list[dict[str, Any]]) -> float:
-    """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
-    times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
-    return statistics.median(times) if times else math.nan
-
-
 def summarize(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for algo in tasks:

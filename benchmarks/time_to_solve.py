@@ -49,10 +49,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,7 +59,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import RESULTS_DIR, machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import (  # noqa: E402
+    RESULTS_DIR,
+    machine_info,
+    markdown_table,
+    median_time,
+    read_yaml,
+    run_logged,
+    sb3_learn_until,
+    write_json,
+)
 
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
 EVAL_EPISODES = 10
@@ -105,7 +112,6 @@ def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, th
     """One SB3 run in this process; returns what it measured."""
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -131,54 +137,13 @@ def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, th
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, gamma=hyperparams["gamma"])
     model = PPO(policy, env, seed=seed, device="cpu", verbose=0, **hyperparams)
 
-    class Stop(StopTrainingOnRewardThreshold):
-        solved_at: float | None = None
-        solved_steps: int | None = None
-
-        def _on_step(self) -> bool:
-            keep_going = super()._on_step()
-            if not keep_going and self.solved_at is None:
-                self.solved_at = time.perf_counter()
-                self.solved_steps = self.num_timesteps
-            return keep_going
-
-    stop = Stop(reward_threshold=threshold, verbose=0)
-    evaluations: list[tuple[int, float]] = []
-
-    class Eval(EvalCallback):
-        def _on_step(self) -> bool:
-            evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
-            result = super()._on_step()
-            if evaluating:
-                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
-            return result
-
-    callback = Eval(
-        eval_env,
-        callback_on_new_best=stop,
-        n_eval_episodes=EVAL_EPISODES,
-        eval_freq=max(eval_every // n_envs, 1),
-        deterministic=True,
-        verbose=0,
-        warn=False,
-    )
-    start = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=callback)
-    end = time.perf_counter()
-    reached = stop.solved_at is not None
+    measured = sb3_learn_until(model, eval_env, threshold, max(eval_every // n_envs, 1), budget)
     return {
         "library": "sb3",
         "env": env_id,
         "seed": seed,
-        "reached": reached,
-        "time_to_solve_s": stop.solved_at - start if reached else None,
-        "steps": stop.solved_steps if reached else model.num_timesteps,
-        "train_wall_s": end - start,
-        "budget_steps": budget,
+        **measured,
         "eval_every": max(eval_every // n_envs, 1) * n_envs,
-        "evaluations": len(evaluations),
-        "last_eval_return": evaluations[-1][1] if evaluations else None,
-        "torch_threads": torch.get_num_threads(),
     }
 
 
@@ -201,7 +166,7 @@ def run_phalanx(env_id: str, seed: int, threads: int, log_dir: Path, timeout: fl
     if threads:
         command += ["--torch-threads", str(threads)]
     start = time.perf_counter()
-    completed = _run(command, log_dir / f"phalanx-{env_id}-s{seed}.log", timeout)
+    completed, _ = run_logged(command, log_dir / f"phalanx-{env_id}-s{seed}.log", timeout)
     process_s = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
     if completed != 0 or not summary_path.is_file():
@@ -216,7 +181,7 @@ def run_phalanx(env_id: str, seed: int, threads: int, log_dir: Path, timeout: fl
             "steps": None,
         }
     summary = json.loads(summary_path.read_text())
-    config = _read_yaml(run_dir / "config.yaml")
+    config = read_yaml(run_dir / "config.yaml")
     for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
         shutil.copy(run_dir / name, log_dir / f"phalanx-{env_id}-s{seed}-{name}")
     shutil.rmtree(run_dir.parent, ignore_errors=True)
@@ -252,7 +217,7 @@ def run_sb3(env_id: str, seed: int, args: argparse.Namespace, log_dir: Path) -> 
     ]
     out = log_dir / f"sb3-{env_id}-s{seed}.log"
     start = time.perf_counter()
-    completed = _run(command, out, args.timeout)
+    completed, _ = run_logged(command, out, args.timeout)
     process_s = time.perf_counter() - start
     lines = [line for line in out.read_text().splitlines() if line.startswith("RESULT ")]
     if completed != 0 or not lines:
@@ -271,33 +236,7 @@ def run_sb3(env_id: str, seed: int, args: argparse.Namespace, log_dir: Path) -> 
     return result
 
 
-def _run(command: list[str], log: Path, timeout: float) -> int:
-    with open(log, "w") as handle:
-        try:
-            return subprocess.run(
-                command,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return 124
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(path.read_text()) if path.is_file() else {}
-
-
 # -- aggregation and report ---------------------------------------------------------------------------
-def median_time(runs: list[dict[str, Any]]) -> float:
-    """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
-    times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
-    return statistics.median(times) if times else math.nan
-
-
 def summarize(runs: list[dict[str, Any]], envs: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for env_id in envs:
