@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import platform
+import resource
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +94,6 @@ def sb3_learn_until(
     """Train an SB3 ``model`` until an ``EvalCallback`` (one deterministic episode per sub-env of
     ``eval_env``, every ``eval_freq`` callback calls) reaches ``threshold``, or for ``budget`` env
     steps; returns what it measured, timed from the call to ``learn``."""
-    import time
-
     import torch
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
 
@@ -143,8 +148,6 @@ def sb3_learn_until(
 
 def run_logged(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
     """Run ``command`` with its output to ``log``; (exit code, 124 on timeout; CPU seconds of the child)."""
-    import resource
-    import subprocess
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "w") as handle:
@@ -170,7 +173,70 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 def median_time(runs: list[dict[str, Any]]) -> float:
     """Median time to solve, a run that never solved counting as infinitely slow (inf if most did not)."""
-    import math
 
     times = [r["time_to_solve_s"] if r.get("reached") else math.inf for r in runs]
     return statistics.median(times) if times else math.nan
+
+
+def run_phalanx(
+    algo: str, env_id: str, threshold: float, seed: int, threads: int, log_dir: Path, timeout: float
+) -> dict[str, Any]:
+    """``phalanx train ALGO ENV --stop-return R`` (its shipped preset) in a subprocess; what it measured."""
+
+    name = f"phalanx-{algo}-{env_id}-s{seed}"
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=log_dir)) / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx.cli",
+        "train",
+        algo,
+        env_id,
+        "--stop-return",
+        str(threshold),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+    ]
+    if threads:
+        command += ["--torch-threads", str(threads)]
+    start = time.perf_counter()
+    completed, cpu_s = run_logged(command, log_dir / f"{name}.log", timeout)
+    process_s = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    base = {
+        "library": "phalanx",
+        "algo": algo,
+        "env": env_id,
+        "seed": seed,
+        "process_s": process_s,
+        "process_cpu_s": cpu_s,
+    }
+    if completed != 0 or not summary_path.is_file():
+        return {
+            **base,
+            "reached": False,
+            "error": f"exit {completed}",
+            "time_to_solve_s": None,
+            "steps": None,
+        }
+    summary = json.loads(summary_path.read_text())
+    config = read_yaml(run_dir / "config.yaml")
+    for file in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
+        shutil.copy(run_dir / file, log_dir / f"{name}-{file}")
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    reached = summary["time_to_stop_return_s"] is not None
+    return {
+        **base,
+        "reached": reached,
+        "time_to_solve_s": summary["time_to_stop_return_s"],
+        "steps": summary["total_steps"],
+        "updates": summary["updates"],
+        "train_wall_s": summary["wall_time_s"],
+        "budget_steps": config.get("total_steps"),
+        "eval_every": config.get("eval_every"),
+        "num_envs": summary["num_envs"],
+        "last_eval_return": summary["eval_return_mean"],
+        "command": " ".join(command[3:]),
+    }

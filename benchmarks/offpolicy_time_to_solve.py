@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import sys
 import tempfile
@@ -66,8 +65,8 @@ from benchlib import (  # noqa: E402
     machine_info,
     markdown_table,
     median_time,
-    read_yaml,
     run_logged,
+    run_phalanx,
     sb3_learn_until,
     write_json,
 )
@@ -146,66 +145,6 @@ def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str,
         **measured,
         "updates": int(model._n_updates),
         "eval_every": eval_every,
-    }
-
-
-def run_phalanx(algo: str, seed: int, threads: int, log_dir: Path, timeout: float) -> dict[str, Any]:
-    env_id, threshold = TASKS[algo]["env"], TASKS[algo]["threshold"]
-    run_dir = Path(tempfile.mkdtemp(prefix=f"phalanx-{algo}-s{seed}-", dir=log_dir)) / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "phalanx.cli",
-        "train",
-        algo,
-        env_id,
-        "--stop-return",
-        str(threshold),
-        "--seed",
-        str(seed),
-        "--run-dir",
-        str(run_dir),
-    ]
-    if threads:
-        command += ["--torch-threads", str(threads)]
-    start = time.perf_counter()
-    completed, cpu_s = run_logged(command, log_dir / f"phalanx-{algo}-s{seed}.log", timeout)
-    process_s = time.perf_counter() - start
-    summary_path = run_dir / "summary.json"
-    base = {
-        "library": "phalanx",
-        "algo": algo,
-        "env": env_id,
-        "seed": seed,
-        "process_s": process_s,
-        "process_cpu_s": cpu_s,
-    }
-    if completed != 0 or not summary_path.is_file():
-        return {
-            **base,
-            "reached": False,
-            "error": f"exit {completed}",
-            "time_to_solve_s": None,
-            "steps": None,
-        }
-    summary = json.loads(summary_path.read_text())
-    config = read_yaml(run_dir / "config.yaml")
-    for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
-        shutil.copy(run_dir / name, log_dir / f"phalanx-{algo}-s{seed}-{name}")
-    shutil.rmtree(run_dir.parent, ignore_errors=True)
-    reached = summary["time_to_stop_return_s"] is not None
-    return {
-        **base,
-        "reached": reached,
-        "time_to_solve_s": summary["time_to_stop_return_s"],
-        "steps": summary["total_steps"],
-        "updates": summary["updates"],
-        "train_wall_s": summary["wall_time_s"],
-        "budget_steps": config.get("total_steps"),
-        "eval_every": config.get("eval_every"),
-        "num_envs": summary["num_envs"],
-        "last_eval_return": summary["eval_return_mean"],
-        "command": " ".join(command[3:]),
     }
 
 
@@ -380,7 +319,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in range(args.seeds):
             for library in libraries:
                 if library == "phalanx":
-                    run = run_phalanx(algo, seed, args.torch_threads, log_dir, args.timeout)
+                    run = run_phalanx(
+                        algo,
+                        TASKS[algo]["env"],
+                        TASKS[algo]["threshold"],
+                        seed,
+                        args.torch_threads,
+                        log_dir,
+                        args.timeout,
+                    )
                 else:
                     run = run_sb3(algo, seed, sb3_eval_every[algo], args, log_dir)
                 runs.append(run)

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import sys
 import tempfile
@@ -64,8 +63,8 @@ from benchlib import (  # noqa: E402
     machine_info,
     markdown_table,
     median_time,
-    read_yaml,
     run_logged,
+    run_phalanx,
     sb3_learn_until,
     write_json,
 )
@@ -144,62 +143,6 @@ def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, th
         "seed": seed,
         **measured,
         "eval_every": max(eval_every // n_envs, 1) * n_envs,
-    }
-
-
-def run_phalanx(env_id: str, seed: int, threads: int, log_dir: Path, timeout: float) -> dict[str, Any]:
-    run_dir = Path(tempfile.mkdtemp(prefix=f"phalanx-{env_id}-s{seed}-", dir=log_dir)) / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "phalanx.cli",
-        "train",
-        "ppo",
-        env_id,
-        "--stop-return",
-        str(THRESHOLDS[env_id]),
-        "--seed",
-        str(seed),
-        "--run-dir",
-        str(run_dir),
-    ]
-    if threads:
-        command += ["--torch-threads", str(threads)]
-    start = time.perf_counter()
-    completed, _ = run_logged(command, log_dir / f"phalanx-{env_id}-s{seed}.log", timeout)
-    process_s = time.perf_counter() - start
-    summary_path = run_dir / "summary.json"
-    if completed != 0 or not summary_path.is_file():
-        return {
-            "library": "phalanx",
-            "env": env_id,
-            "seed": seed,
-            "reached": False,
-            "error": f"exit {completed}",
-            "process_s": process_s,
-            "time_to_solve_s": None,
-            "steps": None,
-        }
-    summary = json.loads(summary_path.read_text())
-    config = read_yaml(run_dir / "config.yaml")
-    for name in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
-        shutil.copy(run_dir / name, log_dir / f"phalanx-{env_id}-s{seed}-{name}")
-    shutil.rmtree(run_dir.parent, ignore_errors=True)
-    reached = summary["time_to_stop_return_s"] is not None
-    return {
-        "library": "phalanx",
-        "env": env_id,
-        "seed": seed,
-        "reached": reached,
-        "time_to_solve_s": summary["time_to_stop_return_s"],
-        "steps": summary["total_steps"],
-        "train_wall_s": summary["wall_time_s"],
-        "budget_steps": config.get("total_steps"),
-        "eval_every": config.get("eval_every"),
-        "num_envs": summary["num_envs"],
-        "last_eval_return": summary["eval_return_mean"],
-        "process_s": process_s,
-        "command": " ".join(command[3:]),
     }
 
 
@@ -364,7 +307,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in range(args.seeds):
             for library in libraries:
                 if library == "phalanx":
-                    run = run_phalanx(env_id, seed, args.torch_threads, log_dir, args.timeout)
+                    run = run_phalanx(
+                        "ppo", env_id, THRESHOLDS[env_id], seed, args.torch_threads, log_dir, args.timeout
+                    )
                 else:
                     run = run_sb3(env_id, seed, args, log_dir)
                 runs.append(run)
