@@ -193,3 +193,20 @@ def test_foreign_and_corrupt_checkpoints_are_refused(tmp_path):
         load_checkpoint(corrupt)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_deployed_agent_normalises_exactly_as_the_training_env(tmp_path):
+    from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
+    from phalanx.train.trainer import build_env
+
+    result = phalanx.train(small_config(tmp_path, env="Pendulum-v1", normalize_obs=True), show_progress=False)
+    agent = phalanx.load_agent(result.run_dir, checkpoint="latest")
+    env = build_env(agent.config, 5, training=False)
+    find_wrapper(env, NormalizeObservation).statistics.load_state_dict(
+        load_checkpoint(result.run_dir / "checkpoints" / "step_2048")["obs_statistics"]
+    )
+    normalised, _ = env.reset(seed=7)
+    raw = env.unwrapped.state  # Pendulum's observation is (cos, sin, thetadot) of this state
+    raw_obs = torch.stack([raw[:, 0].cos(), raw[:, 0].sin(), raw[:, 1]], dim=1).float()
+    expected = 2.0 * agent.algorithm.act(normalised).clamp(-1, 1)  # Pendulum's bounds are [-2, 2]
+    torch.testing.assert_close(agent.act(raw_obs), expected, rtol=1e-5, atol=1e-6)

@@ -140,7 +140,8 @@ class Trainer:
             self.env.single_action_space,
             self.device,
         )
-        self.spaces = space_spec(self.env.single_observation_space, self.env.single_action_space)
+        # The env's own action bounds, so that a deployed agent maps [-1, 1] back to them.
+        self.spaces = space_spec(self.env.single_observation_space, raw_env.single_action_space)
         hp = config.hyperparameters
         buffer_shapes = (
             self.env.single_observation_space.shape,
