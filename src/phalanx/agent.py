@@ -16,6 +16,7 @@ import torch
 
 from phalanx.algos import get_algorithm
 from phalanx.config import TrainConfig
+from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, Evaluator
@@ -35,11 +36,10 @@ class Agent:
             config.hyperparameters, self.observation_space, self._normalized_action_space(), self.device
         )
         self.algorithm.load_state_dict(state["algorithm"])
-        statistics = state.get("obs_statistics")
-        self.obs_mean = self.obs_var = None
-        if statistics is not None:
-            self.obs_mean = statistics["mean"].to(self.device, torch.float32)
-            self.obs_var = statistics["var"].to(self.device, torch.float32)
+        self.obs_statistics: RunningMeanStd | None = None
+        if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
+            self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
+            self.obs_statistics.load_state_dict(state["obs_statistics"])
         self.steps = state["progress"]["steps"]
 
     def _normalized_action_space(self) -> gym.Space:
@@ -62,8 +62,8 @@ class Agent:
                 f"Agent.act: observations have shape {tuple(obs_tensor.shape[1:])} per sub-env, expected "
                 f"{self.observation_space.shape} (the training env {self.config.env!r})."
             )
-        if self.obs_mean is not None:
-            obs_tensor = ((obs_tensor - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-10.0, 10.0)
+        if self.obs_statistics is not None:
+            obs_tensor = self.obs_statistics.normalize(obs_tensor, OBS_EPSILON).clamp(-OBS_CLIP, OBS_CLIP)
         actions = self.algorithm.act(obs_tensor, deterministic=deterministic)
         if isinstance(self.action_space, gym.spaces.Box):
             low = torch.as_tensor(self.action_space.low, device=self.device)
@@ -114,8 +114,6 @@ def evaluate(
     env = build_env(config, episodes, training=False)
     normalizer_state = state.get("obs_statistics")
     if normalizer_state is not None:
-        from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
-
         find_wrapper(env, NormalizeObservation).statistics.load_state_dict(normalizer_state)
     evaluator = Evaluator(env, seed=config.seed + EVAL_SEED_OFFSET if seed is None else seed)
     return evaluator.evaluate(agent.algorithm)

@@ -161,6 +161,12 @@ class RescaleAction(VecEnvWrapper):
 
 
 # ------------------------------------------------------------------------------------------------------
+OBS_CLIP = 10.0
+"""Normalised observations are clipped to [-OBS_CLIP, OBS_CLIP] (training and deployment alike)."""
+OBS_EPSILON = 1e-8
+"""Added to the variance before the square root when normalising observations."""
+
+
 class RunningMeanStd:
     """Running mean and (population) variance of a stream of batches, on one device.
 
@@ -256,8 +262,8 @@ class NormalizeObservation(VecEnvWrapper):
     def __init__(
         self,
         env: VecEnv,
-        clip: float | None = 10.0,
-        epsilon: float = 1e-8,
+        clip: float | None = OBS_CLIP,
+        epsilon: float = OBS_EPSILON,
         statistics: RunningMeanStd | None = None,
         update: bool = True,
     ) -> None:
