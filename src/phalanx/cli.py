@@ -107,15 +107,14 @@ def parse_train_args(argv: list[str]) -> Any:
     from phalanx.config import TrainConfig, load_yaml, make_config, presets
 
     positional = [a for a in argv[:2] if not a.startswith("-")]
-    if len(positional) < 2:
-        if any(a in ("-h", "--help") for a in argv) and len(positional) == 1:
-            pass  # `phalanx train ppo --help`: show the flags with the algorithm's defaults
-        else:
-            lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
-            raise PhalanxError(
-                "`phalanx train` needs an algorithm and an environment: phalanx train ALGO ENV [flags], "
-                "e.g. `phalanx train ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
-            )
+    # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
+    asking_help = len(positional) == 1 and any(a in ("-h", "--help") for a in argv)
+    if len(positional) < 2 and not asking_help:
+        lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
+        raise PhalanxError(
+            "`phalanx train` needs an algorithm and an environment: phalanx train ALGO ENV [flags], "
+            "e.g. `phalanx train ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
+        )
     algo = positional[0]
     env = positional[1] if len(positional) > 1 else ""
     rest = argv[len(positional) :]
