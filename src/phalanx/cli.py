@@ -164,6 +164,8 @@ def cmd_train(argv: list[str]) -> int:
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
+    finally:
+        trainer.close()
     return 0 if config.stop_return is None or result.summary["time_to_stop_return_s"] is not None else 1
 
 

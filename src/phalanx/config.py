@@ -58,6 +58,13 @@ class TrainConfig:
     """Environment id: a built-in id, a Gymnasium id, or one registered with phalanx.envs.register_env."""
     num_envs: int = 64
     """Sub-environments stepped as one batch."""
+    num_workers: int = 0
+    """Processes that step a Gymnasium env's sub-environments (0: in this process, one after another).
+    Built-in envs are batched tensors and take 0."""
+    worker_restarts: int = 3
+    """How many times each worker process may be restarted after a crash or hang before the run stops."""
+    worker_timeout: float = 60.0
+    """Seconds a worker process may take for one step or reset before it counts as hung."""
     total_steps: int = 1_000_000
     """Training budget in environment steps, counted over all sub-environments."""
     seed: int = 0
@@ -103,6 +110,28 @@ class TrainConfig:
             )
         check(bool(self.env), "env", self.env, "an environment id such as 'CartPole-v1' (see `phalanx envs`)")
         check(_is_int(self.num_envs) and self.num_envs >= 1, "num_envs", self.num_envs, "an integer >= 1")
+        check(_is_int(self.num_workers) and self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
+        if self.num_workers and _is_int(self.num_envs):
+            multiple = max(self.num_workers, self.num_envs // self.num_workers * self.num_workers)
+            check(
+                self.num_envs % self.num_workers == 0,
+                "num_envs",
+                self.num_envs,
+                f"a multiple of num_workers={self.num_workers}, so that every worker steps the same number "
+                f"of sub-envs (e.g. {multiple})",
+            )
+        check(
+            _is_int(self.worker_restarts) and self.worker_restarts >= 0,
+            "worker_restarts",
+            self.worker_restarts,
+            ">= 0",
+        )
+        check(
+            isinstance(self.worker_timeout, (int, float)) and self.worker_timeout > 0,
+            "worker_timeout",
+            self.worker_timeout,
+            "a number of seconds > 0",
+        )
         check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
         check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")

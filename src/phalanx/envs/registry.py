@@ -4,8 +4,12 @@
 
 1. ids registered with :func:`register_env` (these may shadow a built-in id with ``overwrite=True``);
 2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS`` and ``StockTrading-v0``);
-3. ``"gym:<id>"``: the Gymnasium adapter (:class:`~phalanx.envs.workers.GymnasiumVecEnv`), forced;
-4. any other id in Gymnasium's registry, through the same adapter.
+3. ``"<backend>:<id>"`` for the imported simulators in :data:`BACKENDS`: ``gym:`` forces the
+   Gymnasium adapter, ``envpool:`` EnvPool's C++ envs, ``brax:`` and ``gymnax:`` JAX simulators;
+4. any other id in Gymnasium's registry, through the Gymnasium adapter.
+
+Gymnasium ids step in this process one after another (:class:`~phalanx.envs.workers.GymnasiumVecEnv`)
+with ``num_workers=0``, or in ``num_workers`` processes (:class:`~phalanx.envs.workers.ProcessVecEnv`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ VecEnvFactory = Callable[..., VecEnv]
 
 _REGISTERED: dict[str, VecEnvFactory] = {}
 _GYM_PREFIX = "gym:"
+
+# "<backend>:<id>" -> the adapter class ("module:attribute", imported on first use so that an absent
+# extra costs nothing until it is asked for) and the extra that installs the simulator.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "envpool": ("phalanx.envs.envpool:EnvPoolVecEnv", "envpool"),
+    "brax": ("phalanx.envs.jax:BraxVecEnv", "jax"),
+    "gymnax": ("phalanx.envs.jax:GymnaxVecEnv", "jax"),
+}
 
 
 def _builtin() -> dict[str, VecEnvFactory]:
@@ -84,7 +96,7 @@ def _suggest(env_id: str) -> str:
     for group in list_envs().values():
         for name in group:
             names.setdefault(name.lower(), name)
-    query = env_id.removeprefix(_GYM_PREFIX).lower()
+    query = env_id.partition(":")[2].lower() if ":" in env_id else env_id.lower()
     close = [names[name] for name in difflib.get_close_matches(query, list(names), n=5, cutoff=0.6)]
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
@@ -123,31 +135,75 @@ def _call_factory(env_id: str, factory: VecEnvFactory, num_envs: int, device: An
     return env
 
 
+def _backend_class(env_id: str, backend: str) -> Callable[..., VecEnv]:
+    target, extra = BACKENDS[backend]
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise EnvError(
+            f"make_env({env_id!r}): the {backend!r} backend needs the package {error.name!r}, which is not "
+            f"installed. Install it with `pip install 'phalanx[{extra}]'`."
+        ) from None
+    return getattr(module, attribute)
+
+
 def make_env(
     env_id: str,
     num_envs: int = 1,
     device: str | torch.device = "cpu",
     seed: int | None = None,
+    num_workers: int = 0,
+    worker_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> VecEnv:
     """Build ``num_envs`` copies of ``env_id`` as one VecEnv on ``device``; reset with ``seed`` if given.
 
     ``kwargs`` go to the env's constructor (``gymnasium.make`` for Gymnasium ids, e.g.
-    ``render_mode="rgb_array"``).
+    ``render_mode="rgb_array"``). ``num_workers > 0`` steps a Gymnasium env's copies in that many
+    processes (:class:`~phalanx.envs.workers.ProcessVecEnv`, configured by ``worker_options``, e.g.
+    ``{"max_restarts": 3}``); it applies only to Gymnasium ids, since every other env is already batched.
     """
     if not isinstance(env_id, str) or not env_id:
         raise EnvError(f"make_env: env_id must be a non-empty string such as 'CartPole-v1', got {env_id!r}.")
-    from phalanx.envs.workers import GymnasiumVecEnv
+    from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 
+    backend, sep, backend_id = env_id.partition(":")
+    gym_id = env_id.removeprefix(_GYM_PREFIX)
+    is_gym = env_id.startswith(_GYM_PREFIX) or (
+        env_id not in _REGISTERED and env_id not in _builtin() and not (sep and backend in BACKENDS)
+    )
+    if num_workers and not is_gym:
+        hint = (
+            f" For Gymnasium's own {env_id!r} in worker processes, use 'gym:{env_id}'."
+            if (env_id in gym.envs.registry)
+            else ""
+        )
+        raise EnvError(
+            f"make_env({env_id!r}): num_workers={num_workers} applies to Gymnasium environments only; "
+            f"{env_id!r} is already a batched VecEnv that steps all {num_envs} sub-envs at once. "
+            f"Use num_workers=0.{hint}"
+        )
     if env_id in _REGISTERED:
         env = _call_factory(env_id, _REGISTERED[env_id], num_envs, device, kwargs)
     elif env_id in (builtin := _builtin()):
         env = _call_factory(env_id, builtin[env_id], num_envs, device, kwargs)
+    elif sep and backend in BACKENDS:
+        env = _backend_class(env_id, backend)(backend_id, num_envs=num_envs, device=device, **kwargs)
     else:
-        gym_id = env_id.removeprefix(_GYM_PREFIX)
         if gym_id not in gym.envs.registry:
             raise _unknown(env_id)
-        env = GymnasiumVecEnv(gym_id, num_envs=num_envs, device=device, **kwargs)
+        if num_workers:
+            env = ProcessVecEnv(
+                gym_id,
+                num_envs=num_envs,
+                num_workers=num_workers,
+                device=device,
+                **(worker_options or {}),
+                **kwargs,
+            )
+        else:
+            env = GymnasiumVecEnv(gym_id, num_envs=num_envs, device=device, **kwargs)
     if seed is not None:
         env.reset(seed=seed)
     return env

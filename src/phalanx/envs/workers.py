@@ -5,15 +5,20 @@
 tensors on ``device``. It is the fallback for any Gymnasium id that phalanx has no batched simulator
 for; expect thousands, not millions, of steps per second.
 
-The process-parallel ``ProcessVecEnv`` (sub-envs in worker processes, shared-memory buffers) lands
-in a later issue, in this same file.
+:class:`ProcessVecEnv` steps them in ``num_workers`` processes that exchange actions, observations,
+rewards and flags with the main process through shared memory; it restarts workers that fail.
 """
 
 from __future__ import annotations
 
+import select
+import time
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
@@ -22,7 +27,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv
 from phalanx.errors import EnvError
 
-__all__ = ["GymnasiumVecEnv"]
+__all__ = ["GymnasiumVecEnv", "ProcessVecEnv", "make_gym_env"]
 
 EnvFactory = Callable[..., gym.Env]
 
@@ -85,7 +90,162 @@ def _float32_box(space: gym.spaces.Box) -> gym.spaces.Box:
     )
 
 
-class GymnasiumVecEnv(VecEnv):
+def _spaces(env: gym.Env) -> tuple[gym.Space, gym.Space]:
+    return env.observation_space, env.action_space
+
+
+def _env_name(env: str | EnvFactory) -> str:
+    return env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+
+
+def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> gym.Env:
+    """One Gymnasium env from an id or factory, behind the API check; errors say what is missing."""
+    name = _env_name(env)
+    try:
+        inner = gym.make(env, **make_kwargs) if isinstance(env, str) else env(**make_kwargs)
+    except EnvError:
+        raise
+    except (gym.error.DependencyNotInstalled, ImportError) as error:
+        extra = _extra_for(name, error)
+        if extra is None:
+            fix = "Install the package it names."
+        else:
+            fix = f"Install it with `pip install 'phalanx[{extra}]'`"
+            fix += " (Box2D builds from source: `pip install swig` first)." if extra == "box2d" else "."
+        raise EnvError(
+            f"Environment {name!r} is known to Gymnasium but cannot be built: a dependency is "
+            f"missing ({type(error).__name__}: {error}). {fix}"
+        ) from None
+    except gym.error.Error as error:
+        raise EnvError(
+            f"Gymnasium could not build {name!r} with arguments {make_kwargs}: "
+            f"{type(error).__name__}: {error}. Check the id and its keyword arguments "
+            "(`phalanx envs` lists the ids)."
+        ) from None
+    except TypeError as error:
+        raise EnvError(
+            f"Building {name!r} with arguments {make_kwargs} failed: {error}. Pass only "
+            "keyword arguments that the environment's constructor accepts."
+        ) from None
+    if not isinstance(inner, gym.Env):
+        raise EnvError(
+            f"The env factory {name!r} returned {type(inner).__name__}, expected a gymnasium.Env. If it "
+            "is an env of the old `gym` package, wrap it with shimmy's GymV26CompatibilityV0 "
+            "(`pip install shimmy`) or port it to Gymnasium >= 1."
+        )
+    return _ApiCheck(inner, name)
+
+
+class _GymnasiumAdapter(VecEnv):
+    """What both Gymnasium adapters share: argument checks, space conversion, tensor conversion."""
+
+    def __init__(
+        self,
+        env: str | EnvFactory,
+        num_envs: int,
+        device: str | torch.device,
+        render_mode: str | None,
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.env_id = _env_name(env)
+        if not isinstance(env, str) and not callable(env):
+            raise EnvError(
+                f"{type(self).__name__}: env must be a Gymnasium id or a callable returning a "
+                f"gymnasium.Env, got {type(env).__name__} ({env!r})."
+            )
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}): num_envs must be an integer >= 1, got {num_envs!r}."
+            )
+        self._env = env
+        self._make_kwargs = dict(kwargs)
+        if render_mode is not None:
+            self._make_kwargs["render_mode"] = render_mode
+        self.render_mode = render_mode
+        self._num_envs_requested = int(num_envs)
+        self._device_requested = device
+
+    def _set_spaces(
+        self, obs_space: gym.Space, act_space: gym.Space, render_modes: list[str], fps: Any
+    ) -> None:
+        single_obs = self._convert_observation_space(obs_space)
+        single_act = self._convert_action_space(act_space)
+        VecEnv.__init__(self, self._num_envs_requested, single_obs, single_act, self._device_requested)
+        self.metadata = {**VecEnv.metadata, "render_modes": list(render_modes), "render_fps": fps}
+        self._obs_space = obs_space
+        self._discrete_act = isinstance(act_space, gym.spaces.Discrete)
+        self._action_shape = (self.num_envs,) if self._discrete_act else (self.num_envs, *act_space.shape)
+        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
+
+    # -- spaces ------------------------------------------------------------------------------------
+    def _unsupported(self, which: str, space: gym.Space) -> EnvError:
+        self.close()
+        return EnvError(
+            f"Environment {self.env_id!r} has {which} space {space}; phalanx supports Box and Discrete "
+            f"{which} spaces. Fix: flatten it with a Gymnasium wrapper (e.g. "
+            f"gymnasium.wrappers.FlattenObservation for Dict/Tuple observations) in an env factory, and "
+            f"pass that factory to {type(self).__name__}."
+        )
+
+    def _convert_observation_space(self, space: gym.Space) -> gym.spaces.Box:
+        if isinstance(space, gym.spaces.Discrete):
+            return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
+        if isinstance(space, gym.spaces.Box):
+            return _float32_box(space)
+        raise self._unsupported("observation", space)
+
+    def _convert_action_space(self, space: gym.Space) -> gym.Space:
+        if isinstance(space, gym.spaces.Discrete):
+            return gym.spaces.Discrete(int(space.n), start=int(space.start))
+        if isinstance(space, gym.spaces.Box):
+            return _float32_box(space)
+        raise self._unsupported("action", space)
+
+    # -- conversions -------------------------------------------------------------------------------
+    def _obs_tensor(self, obs: np.ndarray) -> Tensor:
+        if isinstance(self._obs_space, gym.spaces.Discrete):
+            index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
+            return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
+        return torch.tensor(obs, dtype=torch.float32, device=self.device)  # copies: the source is reused
+
+    def _actions_numpy(self, actions: Any) -> np.ndarray:
+        if isinstance(actions, torch.Tensor):
+            actions = actions.detach().cpu().numpy()
+        actions = np.asarray(actions, dtype=np.int64 if self._discrete_act else np.float32)
+        if actions.shape != self._action_shape:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).step: actions have shape {actions.shape}, "
+                f"expected {self._action_shape} (num_envs={self.num_envs}, action space "
+                f"{self.single_action_space}). Pass one action per sub-env."
+            )
+        return actions
+
+    def _check_index(self, index: int) -> None:
+        if self.render_mode != "rgb_array":
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).render_frame: the env was created with "
+                f"render_mode={self.render_mode!r}, expected 'rgb_array'. Create it with "
+                "render_mode='rgb_array' (make_env(..., render_mode='rgb_array'))."
+            )
+        if not 0 <= index < self.num_envs:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).render_frame: index {index} is out of range, "
+                f"expected 0 <= index < num_envs={self.num_envs}."
+            )
+
+    # -- state -------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Episode statistics only: Gymnasium envs cannot be checkpointed (a resume re-resets them)."""
+        return {"episode_statistics": self.episode_statistics.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episode_statistics.load_state_dict(state["episode_statistics"])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.env_id!r}, num_envs={self.num_envs}, device={self.device})"
+
+
+class GymnasiumVecEnv(_GymnasiumAdapter):
     """``num_envs`` copies of a Gymnasium env, run in-process, behind the phalanx VecEnv contract.
 
     Args:
@@ -118,122 +278,21 @@ class GymnasiumVecEnv(VecEnv):
         render_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.env_id = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
-        if not isinstance(env, str) and not callable(env):
-            raise EnvError(
-                f"GymnasiumVecEnv: env must be a Gymnasium id or a callable returning a gymnasium.Env, "
-                f"got {type(env).__name__} ({env!r})."
-            )
-        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise EnvError(
-                f"GymnasiumVecEnv({self.env_id!r}): num_envs must be an integer >= 1, got {num_envs!r}."
-            )
-        make_kwargs = dict(kwargs)
-        if render_mode is not None:
-            make_kwargs["render_mode"] = render_mode
-
-        def make_one() -> gym.Env:
-            inner = gym.make(env, **make_kwargs) if isinstance(env, str) else env(**make_kwargs)
-            if not isinstance(inner, gym.Env):
-                raise EnvError(
-                    f"GymnasiumVecEnv: the factory {self.env_id!r} returned {type(inner).__name__}, "
-                    "expected a gymnasium.Env. If it is an env of the old `gym` package, wrap it with "
-                    "shimmy's GymV26CompatibilityV0 (`pip install shimmy`) or port it to Gymnasium >= 1."
-                )
-            return _ApiCheck(inner, self.env_id)
-
-        try:
-            envs = SyncVectorEnv(
-                [make_one for _ in range(int(num_envs))], copy=False, autoreset_mode=AutoresetMode.SAME_STEP
-            )
-        except EnvError:
-            raise
-        except (gym.error.DependencyNotInstalled, ImportError) as error:
-            extra = _extra_for(self.env_id, error)
-            if extra is None:
-                fix = "Install the package it names."
-            else:
-                fix = f"Install it with `pip install 'phalanx[{extra}]'`"
-                fix += " (Box2D builds from source: `pip install swig` first)." if extra == "box2d" else "."
-
-            raise EnvError(
-                f"Environment {self.env_id!r} is known to Gymnasium but cannot be built: a dependency is "
-                f"missing ({type(error).__name__}: {error}). {fix}"
-            ) from None
-        except gym.error.Error as error:
-            raise EnvError(
-                f"Gymnasium could not build {self.env_id!r} with arguments {make_kwargs}: "
-                f"{type(error).__name__}: {error}. Check the id and its keyword arguments "
-                "(`phalanx envs` lists the ids)."
-            ) from None
-        except TypeError as error:
-            raise EnvError(
-                f"Building {self.env_id!r} with arguments {make_kwargs} failed: {error}. Pass only "
-                "keyword arguments that the environment's constructor accepts."
-            ) from None
-
-        self.envs = envs
-        obs_space, act_space = envs.single_observation_space, envs.single_action_space
-        single_obs = self._convert_observation_space(obs_space)
-        single_act = self._convert_action_space(act_space)
-        super().__init__(int(num_envs), single_obs, single_act, device)
-        self.metadata = {
-            **VecEnv.metadata,
-            "render_modes": list(envs.metadata.get("render_modes", [])),
-            "render_fps": envs.metadata.get("render_fps"),
-        }
-        self.render_mode = render_mode
-        self._obs_space = obs_space
-        self._discrete_act = isinstance(act_space, gym.spaces.Discrete)
-        self._action_shape = (self.num_envs,) if self._discrete_act else (self.num_envs, *act_space.shape)
-        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
-
-    # -- spaces ------------------------------------------------------------------------------------
-    def _unsupported(self, which: str, space: gym.Space) -> EnvError:
-        self_envs = getattr(self, "envs", None)
-        if self_envs is not None:
-            self_envs.close()
-        return EnvError(
-            f"Environment {self.env_id!r} has {which} space {space}; phalanx supports Box and Discrete "
-            f"{which} spaces. Fix: flatten it with a Gymnasium wrapper (e.g. "
-            f"gymnasium.wrappers.FlattenObservation for Dict/Tuple observations) in an env factory, and "
-            "pass that factory to GymnasiumVecEnv."
+        self.closed = True  # until the envs exist
+        super().__init__(env, num_envs, device, render_mode, kwargs)
+        self.envs = SyncVectorEnv(
+            [lambda: make_gym_env(env, self._make_kwargs)] * self._num_envs_requested,
+            copy=False,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+        )
+        self.closed = False
+        self._set_spaces(
+            self.envs.single_observation_space,
+            self.envs.single_action_space,
+            self.envs.metadata.get("render_modes", []),
+            self.envs.metadata.get("render_fps"),
         )
 
-    def _convert_observation_space(self, space: gym.Space) -> gym.spaces.Box:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("observation", space)
-
-    def _convert_action_space(self, space: gym.Space) -> gym.Space:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Discrete(int(space.n), start=int(space.start))
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("action", space)
-
-    # -- conversions -------------------------------------------------------------------------------
-    def _obs_tensor(self, obs: np.ndarray) -> Tensor:
-        if isinstance(self._obs_space, gym.spaces.Discrete):
-            index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
-            return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
-        return torch.tensor(obs, dtype=torch.float32, device=self.device)  # copies: gymnasium reuses obs
-
-    def _actions_numpy(self, actions: Any) -> np.ndarray:
-        if isinstance(actions, torch.Tensor):
-            actions = actions.detach().cpu().numpy()
-        actions = np.asarray(actions, dtype=np.int64 if self._discrete_act else np.float32)
-        if actions.shape != self._action_shape:
-            raise EnvError(
-                f"GymnasiumVecEnv({self.env_id!r}).step: actions have shape {actions.shape}, expected "
-                f"{self._action_shape} (num_envs={self.num_envs}, action space {self.single_action_space}). "
-                "Pass one action per sub-env."
-            )
-        return actions
-
-    # -- the contract ------------------------------------------------------------------------------
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Tensor, dict[str, Any]]:
@@ -267,17 +326,7 @@ class GymnasiumVecEnv(VecEnv):
 
     def render_frame(self, index: int = 0) -> np.ndarray:
         """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
-        if self.render_mode != "rgb_array":
-            raise EnvError(
-                f"GymnasiumVecEnv({self.env_id!r}).render_frame: the env was created with "
-                f"render_mode={self.render_mode!r}, expected 'rgb_array'. Create it with "
-                "render_mode='rgb_array' (make_env(..., render_mode='rgb_array'))."
-            )
-        if not 0 <= index < self.num_envs:
-            raise EnvError(
-                f"GymnasiumVecEnv({self.env_id!r}).render_frame: index {index} is out of range, expected "
-                f"0 <= index < num_envs={self.num_envs}."
-            )
+        self._check_index(index)
         return self.envs.envs[index].render()
 
     def render(self) -> tuple[Any, ...]:
@@ -288,13 +337,487 @@ class GymnasiumVecEnv(VecEnv):
             self.envs.close()
             self.closed = True
 
-    # -- state -------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Episode statistics only: Gymnasium envs cannot be checkpointed (a resume re-resets them)."""
-        return {"episode_statistics": self.episode_statistics.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.episode_statistics.load_state_dict(state["episode_statistics"])
+# ------------------------------------------------------------------------------------------------------
+# ProcessVecEnv: sub-envs in worker processes, data in shared memory, one byte of control per step.
+
+_STEP = b"s"  # main -> worker: step your sub-envs with the actions in shared memory
+_OK = b"k"  # worker -> main: done, results are in shared memory
+_FATAL, _FAULT = "fatal", "fault"  # worker -> main: a contract error (not retried) / a crash (restart)
+
+
+def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:
+    """A lock-free shared buffer and a numpy view of it (the buffer is what a child process receives)."""
+    raw = ctx.RawArray("b", max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
+    return raw, np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def _worker_loop(
+    payload: bytes, start: int, stop: int, buffers: dict[str, tuple[Any, tuple[int, ...], str]], conn: Any
+) -> None:
+    """One worker process: owns sub-envs ``start..stop-1``, serves commands until told to close."""
+    import signal
+    import traceback
+
+    import cloudpickle
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the main process's to handle; it closes us
+    views = {
+        name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)[start:stop]
+        for name, (raw, shape, dtype) in buffers.items()
+    }
+    actions, obs, final_obs = views["actions"], views["obs"], views["final_obs"]
+    reward, terminated, truncated = views["reward"], views["terminated"], views["truncated"]
+    envs: list[gym.Env] = []
+    current = -1  # the sub-env being stepped, for error reports
+    try:
+        env, make_kwargs, spaces = cloudpickle.loads(payload)
+        while len(envs) < stop - start:
+            current = len(envs)
+            envs.append(make_gym_env(env, make_kwargs))
+            built = _spaces(envs[-1])
+            for which, space, expected in zip(("observation", "action"), built, spaces, strict=True):
+                if space != expected:
+                    raise EnvError(
+                        f"sub-env {start + current} of {_env_name(env)!r} has {which} space {space}, "
+                        f"expected {expected} (the space of the first env built). Every sub-env of a "
+                        "VecEnv must have the same spaces: make the factory return identical envs."
+                    )
+        current = -1
+        conn.send_bytes(_OK)
+        while True:
+            try:
+                message = conn.recv_bytes()
+            except (EOFError, OSError):  # the main process is gone: exit rather than linger
+                break
+            if message == _STEP:
+                for current, sub_env in enumerate(envs):
+                    next_obs, r, term, trunc, _ = sub_env.step(actions[current])
+                    reward[current], terminated[current], truncated[current] = r, term, trunc
+                    if term or trunc:
+                        final_obs[current] = next_obs
+                        next_obs, _ = sub_env.reset()
+                    obs[current] = next_obs
+                current = -1
+                conn.send_bytes(_OK)
+                continue
+            command, *arguments = cloudpickle.loads(message)
+            if command == "reset":
+                seed, options = arguments
+                for current, sub_env in enumerate(envs):
+                    obs[current], _ = sub_env.reset(
+                        seed=None if seed is None else seed + current, options=options
+                    )
+                current = -1
+                conn.send_bytes(_OK)
+            elif command == "render":
+                conn.send(envs[arguments[0]].render())
+            elif command == "close":
+                break
+    except BaseException as error:  # noqa: BLE001 - every failure is reported to the main process
+        kind = _FATAL if isinstance(error, EnvError) else _FAULT
+        where = None if current < 0 else start + current
+        try:
+            conn.send((kind, where, f"{type(error).__name__}: {error}", traceback.format_exc()))
+        except (OSError, EOFError):
+            pass
+    finally:
+        for sub_env in envs:
+            try:
+                sub_env.close()
+            except Exception:  # noqa: BLE001 - closing is best effort on the way out
+                pass
+        conn.close()
+
+
+def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> list[int]:
+    """The workers whose pipe is readable or whose process ended, waiting up to ``timeout`` seconds.
+
+    ``handles`` maps a worker to (pipe fd, process sentinel fd). ``select.poll`` costs a few
+    microseconds where ``multiprocessing.connection.wait`` rebuilds a selector on every call.
+    """
+    if not hasattr(select, "poll"):  # Windows
+        from multiprocessing.connection import wait
+
+        owner = {fd: worker for worker, fds in handles.items() for fd in fds}
+        return sorted({owner[fd] for fd in wait(list(owner), timeout)})
+    poller = select.poll()
+    owner = {}
+    for worker, fds in handles.items():
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+            owner[fd] = worker
+    return sorted({owner[fd] for fd, _ in poller.poll(timeout * 1000.0)})
+
+
+def _default_start_method() -> str:
+    import multiprocessing as mp
+
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _shutdown(processes: list[Any], connections: list[Any]) -> None:
+    """Close every worker: ask politely, then terminate, then kill. Safe to call twice."""
+    connections = [conn for conn in connections if conn is not None]
+    for conn in connections:
+        try:
+            conn.send(("close",))
+        except (OSError, EOFError, ValueError):
+            pass
+    for process in processes:
+        if process is None:
+            continue
+        process.join(timeout=1.0)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)
+    for conn in connections:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+class ProcessVecEnv(_GymnasiumAdapter):
+    """``num_envs`` Gymnasium sub-envs stepped by ``num_workers`` processes, behind the VecEnv contract.
+
+    Worker ``w`` owns the contiguous sub-envs ``w * k .. (w + 1) * k - 1`` (``k = num_envs / num_workers``)
+    and steps them one after another. Actions, observations, rewards and flags travel through shared
+    memory: a step costs one byte of control message to each worker and one back, never a pickled
+    array. The results come back as tensors on ``device``, with the same conversions, seeding
+    (``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``) and same-step autoreset as
+    :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers.
+
+    Faults: a worker that raises, dies or does not answer within ``step_timeout`` seconds is restarted
+    (its own fresh sub-envs, reset with new seeds when the env was seeded), and the step reports its
+    sub-envs as ``truncated`` with reward 0 and ``final_obs`` equal to their last observation, so the
+    episode ends cleanly and the run goes on. Each worker may be restarted ``max_restarts`` times;
+    the next fault raises :class:`~phalanx.errors.EnvError` naming the env, the worker, its sub-envs
+    and the cause. An :class:`~phalanx.errors.EnvError` raised by a sub-env (e.g. the old gym API) is
+    a contract error, not a fault, and is raised at once.
+
+    Processes: started with ``start_method`` (``"forkserver"`` on Linux, else ``"spawn"``), so a
+    script that builds this env must guard its entry point with ``if __name__ == "__main__":``.
+    Workers ignore SIGINT (Ctrl+C is handled by the main process, which closes them), exit by
+    themselves when the main process disappears, and are closed by :meth:`close`, garbage collection
+    and interpreter exit.
+
+    Args:
+        env: a Gymnasium id or a factory returning a ``gymnasium.Env`` (lambdas work: the factory is
+            sent with cloudpickle).
+        num_envs: total number of sub-envs, a multiple of ``num_workers``.
+        num_workers: number of processes (>= 1).
+        device: where the returned tensors live.
+        render_mode: passed to every sub-env; ``"rgb_array"`` enables :meth:`render_frame`.
+        max_restarts: restarts allowed per worker over the env's life.
+        step_timeout: seconds a worker may take to start, reset or step before it counts as hung.
+        start_method: ``"forkserver"``, ``"spawn"`` or ``"fork"``; None picks the default above.
+        **kwargs: passed to ``gymnasium.make`` (or to the factory).
+    """
+
+    def __init__(
+        self,
+        env: str | EnvFactory,
+        num_envs: int = 2,
+        num_workers: int = 2,
+        device: str | torch.device = "cpu",
+        render_mode: str | None = None,
+        max_restarts: int = 3,
+        step_timeout: float = 60.0,
+        start_method: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        import multiprocessing as mp
+
+        self.closed = True  # until the workers run
+        super().__init__(env, num_envs, device, render_mode, kwargs)
+        name = type(self).__name__
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
+            raise EnvError(
+                f"{name}({self.env_id!r}): num_workers must be an integer >= 1, got {num_workers!r}."
+            )
+        if self._num_envs_requested % num_workers:
+            low = self._num_envs_requested // num_workers * num_workers
+            raise EnvError(
+                f"{name}({self.env_id!r}): num_envs={self._num_envs_requested} is not divisible by "
+                f"num_workers={num_workers}; every worker steps the same number of sub-envs. Use a "
+                f"multiple of {num_workers} (e.g. num_envs={max(low, num_workers)} or "
+                f"{low + num_workers}), or another num_workers."
+            )
+        if (
+            isinstance(max_restarts, bool)
+            or not isinstance(max_restarts, (int, np.integer))
+            or max_restarts < 0
+        ):
+            raise EnvError(
+                f"{name}({self.env_id!r}): max_restarts must be an integer >= 0, got {max_restarts!r}."
+            )
+        if (
+            not isinstance(step_timeout, (int, float))
+            or isinstance(step_timeout, bool)
+            or not step_timeout > 0
+        ):
+            raise EnvError(
+                f"{name}({self.env_id!r}): step_timeout must be a number of seconds > 0, "
+                f"got {step_timeout!r}."
+            )
+        methods = mp.get_all_start_methods()
+        start_method = start_method or _default_start_method()
+        if start_method not in methods:
+            raise EnvError(
+                f"{name}({self.env_id!r}): start_method {start_method!r} is not available here; "
+                f"expected one of {methods}."
+            )
+        self.num_workers = int(num_workers)
+        self.max_restarts = int(max_restarts)
+        self.step_timeout = float(step_timeout)
+        self.restarts = [0] * self.num_workers
+        self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            self._ctx.set_forkserver_preload(["phalanx.envs.workers"])
+
+        # One env in this process first: its spaces size the shared buffers, and a missing dependency or
+        # a bad id fails here, in the caller's process, with the adapter's error message.
+        probe = make_gym_env(env, self._make_kwargs)
+        try:
+            obs_space, act_space = _spaces(probe)
+            render_modes, fps = probe.metadata.get("render_modes", []), probe.metadata.get("render_fps")
+        finally:
+            probe.close()
+        self._set_spaces(obs_space, act_space, render_modes, fps)
+
+        n = self.num_envs
+        obs_shape = () if isinstance(obs_space, gym.spaces.Discrete) else tuple(obs_space.shape)
+        layout = {
+            "actions": (self._action_shape, "int64" if self._discrete_act else "float32"),
+            "obs": ((n, *obs_shape), "float32"),
+            "final_obs": ((n, *obs_shape), "float32"),
+            "reward": ((n,), "float32"),
+            "terminated": ((n,), "bool"),
+            "truncated": ((n,), "bool"),
+        }
+        self._buffers: dict[str, tuple[Any, tuple[int, ...], str]] = {}
+        self._views: dict[str, np.ndarray] = {}
+        for key, (shape, dtype) in layout.items():
+            raw, view = _shared_array(self._ctx, shape, np.dtype(dtype))
+            self._buffers[key] = (raw, shape, dtype)
+            self._views[key] = view
+        self._last_obs = np.zeros((n, *obs_shape), dtype=np.float32)
+        self._fault_rows = np.zeros(n, dtype=bool)
+        self._seed: int | None = None
+        self._payload = cloudpickle.dumps((env, self._make_kwargs, (obs_space, act_space)))
+        self._per_worker = n // self.num_workers
+        self._processes: list[Any] = [None] * self.num_workers
+        self._connections: list[Any] = [None] * self.num_workers
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
+        self.closed = False
+        try:
+            for worker in range(self.num_workers):
+                self._start(worker)
+            self._wait(range(self.num_workers), "start", restart=False)
+        except BaseException:
+            self.close()
+            raise
+        self._stepping = False
+
+    # -- processes ---------------------------------------------------------------------------------
+    def _rows(self, worker: int) -> tuple[int, int]:
+        return worker * self._per_worker, (worker + 1) * self._per_worker
+
+    def _start(self, worker: int) -> None:
+        start, stop = self._rows(worker)
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=_worker_loop,
+            args=(self._payload, start, stop, self._buffers, child),
+            name=f"phalanx-worker-{worker}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self._processes[worker] = process
+        self._connections[worker] = parent
+
+    def _describe(self, worker: int) -> str:
+        start, stop = self._rows(worker)
+        return f"worker {worker} (pid {self._processes[worker].pid}, sub-envs {start}..{stop - 1})"
+
+    def _wait(self, workers: Any, what: str, restart: bool = True) -> None:
+        """Wait for every worker in ``workers`` to answer ``what``; handle the faults on the way."""
+        waiting = set(workers)
+        deadline = time.monotonic() + self.step_timeout
+        while waiting:
+            ready = _ready_workers(
+                {w: (self._connections[w].fileno(), self._processes[w].sentinel) for w in waiting},
+                max(deadline - time.monotonic(), 0.0),
+            )
+            if not ready:
+                for worker in sorted(waiting):
+                    self._fault(
+                        worker,
+                        f"no answer to {what} within step_timeout={self.step_timeout} s (hung); killed it",
+                        restart,
+                    )
+                return
+            for worker in ready:
+                conn = self._connections[worker]
+                waiting.discard(worker)
+                try:
+                    message = conn.recv_bytes() if conn.poll() else None
+                except (EOFError, OSError):
+                    message = None
+                if message == _OK:
+                    continue
+                if message is None:
+                    self._processes[worker].join(timeout=1.0)
+                    code = self._processes[worker].exitcode
+                    cause = f"the process died during {what} " + (
+                        f"(killed by signal {-code})"
+                        if code is not None and code < 0
+                        else f"(exit code {code})"
+                    )
+                    self._fault(worker, cause, restart)
+                    continue
+                kind, where, summary, trace = cloudpickle.loads(message)
+                at = "" if where is None else f" in sub-env {where}"
+                if kind == _FATAL or not restart:
+                    self.close()
+                    raise EnvError(
+                        f"{type(self).__name__}({self.env_id!r}): {self._describe(worker)} failed{at} during "
+                        f"{what}: {summary}\n{trace}"
+                    ) from None
+                self._fault(worker, f"{summary} (raised{at} during {what})", restart, trace)
+
+    def _fault(self, worker: int, cause: str, restart: bool, trace: str = "") -> None:
+        description = self._describe(worker)
+        process = self._processes[worker]
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=1.0)
+        self.restarts[worker] += 1
+        if not restart or self.restarts[worker] > self.max_restarts:
+            self.close()
+            limit = (
+                ""
+                if not restart
+                else f" after {self.max_restarts} restarts (max_restarts={self.max_restarts})"
+            )
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}): {description} failed{limit}: {cause}. "
+                "Fix the env (the traceback below is the worker's), or raise max_restarts if the "
+                f"failures are rare and harmless.\n{trace}".rstrip()
+            ) from None
+        warnings.warn(
+            f"{type(self).__name__}({self.env_id!r}): {description} failed: {cause}. Restarted it "
+            f"({self.restarts[worker]} of max_restarts={self.max_restarts}); its episodes are truncated.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        try:
+            self._connections[worker].close()
+        except OSError:
+            pass
+        self._start(worker)
+        self._wait([worker], "start", restart=False)
+        start, stop = self._rows(worker)
+        seed = None if self._seed is None else self._seed + start + self.num_envs * sum(self.restarts)
+        self._connections[worker].send(("reset", seed, None))
+        self._wait([worker], "reset", restart=False)
+        self._fault_rows[start:stop] = True
+
+    # -- the contract ------------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        self._check_open("reset")
+        self._seed = None if seed is None else int(seed)
+        for worker, conn in enumerate(self._connections):
+            start, _ = self._rows(worker)
+            conn.send(("reset", None if seed is None else int(seed) + start, options))
+        self._wait(range(self.num_workers), "reset")
+        self._fault_rows[:] = False
+        self.episode_statistics.reset()
+        np.copyto(self._last_obs, self._views["obs"])
+        return self._obs_tensor(self._views["obs"]), {}
+
+    def step_async(self, actions: Any) -> None:
+        """Send ``actions`` to the workers and return at once; :meth:`step_wait` collects the results."""
+        self._check_open("step")
+        np.copyto(self._views["actions"], self._actions_numpy(actions))
+        for conn in self._connections:
+            conn.send_bytes(_STEP)
+        self._stepping = True
+
+    def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The results of the step started by :meth:`step_async`."""
+        if not self._stepping:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).step_wait: no step in flight; call step_async first."
+            )
+        self._stepping = False
+        self._wait(range(self.num_workers), "step")
+        views = self._views
+        if self._fault_rows.any():  # restarted workers: end their episodes at the last good observation
+            rows = self._fault_rows
+            views["final_obs"][rows] = self._last_obs[rows]
+            views["reward"][rows], views["terminated"][rows], views["truncated"][rows] = 0.0, False, True
+            self._fault_rows[:] = False
+        terminated_np, truncated_np = views["terminated"], views["truncated"]
+        ended = terminated_np | truncated_np
+        obs = self._obs_tensor(views["obs"])
+        final_obs = self._obs_tensor(
+            np.where(ended.reshape(-1, *[1] * (views["obs"].ndim - 1)), views["final_obs"], views["obs"])
+        )
+        np.copyto(self._last_obs, views["obs"])
+        reward = torch.tensor(views["reward"], device=self.device)
+        terminated = torch.tensor(terminated_np, device=self.device)
+        truncated = torch.tensor(truncated_np, device=self.device)
+        done = terminated | truncated
+        episode_return, episode_length = self.episode_statistics.step(reward, done)
+        info = {
+            "final_obs": final_obs,
+            "_final_obs": done,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+        }
+        return obs, reward, terminated, truncated, info
+
+    def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def render_frame(self, index: int = 0) -> np.ndarray:
+        """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
+        self._check_open("render_frame")
+        self._check_index(index)
+        worker, local = divmod(index, self._per_worker)
+        self._connections[worker].send(("render", local))
+        return self._connections[worker].recv()
+
+    def render(self) -> tuple[Any, ...]:
+        return tuple(self.render_frame(index) for index in range(self.num_envs))
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).{what}: the env is closed; build a new one."
+            )
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the live workers."""
+        return [p.pid for p in self._processes if p is not None and p.is_alive()]
+
+    def close(self, **kwargs: Any) -> None:
+        if not self.closed:
+            self.closed = True
+            self._finalizer()
 
     def __repr__(self) -> str:
-        return f"GymnasiumVecEnv({self.env_id!r}, num_envs={self.num_envs}, device={self.device})"
+        return (
+            f"{type(self).__name__}({self.env_id!r}, num_envs={self.num_envs}, "
+            f"num_workers={self.num_workers}, device={self.device})"
+        )

@@ -47,8 +47,18 @@ class TrainResult:
 def build_env(
     config: TrainConfig, num_envs: int, training: bool, obs_statistics: Any | None = None
 ) -> VecEnv:
-    """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation."""
-    env: VecEnv = make_env(config.env, num_envs=num_envs, device=config.device)
+    """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation.
+
+    Training envs of Gymnasium ids step in ``config.num_workers`` processes; evaluation envs step in this
+    process (a few episodes with frozen weights, where idle worker processes would only take memory).
+    """
+    env: VecEnv = make_env(
+        config.env,
+        num_envs=num_envs,
+        device=config.device,
+        num_workers=config.num_workers if training else 0,
+        worker_options={"max_restarts": config.worker_restarts, "step_timeout": config.worker_timeout},
+    )
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env)
     if isinstance(env.single_action_space, gym.spaces.Box):
@@ -124,7 +134,16 @@ class Trainer:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
 
-        # Everything that can fail on bad input happens before the run directory is created.
+        # Everything that can fail on bad input happens before the run directory is created; the envs
+        # (and their worker processes) are closed if any of it fails.
+        self.env = self.eval_env = None
+        try:
+            self._build(config, run_dir, show_progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
         self.env = build_env(config, config.num_envs, training=True)
         algorithm_class = get_algorithm(config.algo)
         raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
@@ -228,6 +247,12 @@ class Trainer:
 
     def save(self) -> Path:
         return self.checkpoints.save(self.steps, self.state_dict())
+
+    def close(self) -> None:
+        """Close the envs (and stop their worker processes); the run directory stays as it is."""
+        for env in (self.env, self.eval_env):
+            if env is not None:
+                env.close()
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -383,7 +408,11 @@ class TrainingInterrupted(Exception):
 
 def train(config: TrainConfig, show_progress: bool = True) -> TrainResult:
     """Train ``config`` in a new run directory; return the run directory and the summary."""
-    return Trainer(config, show_progress=show_progress).train()
+    trainer = Trainer(config, show_progress=show_progress)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:
@@ -425,12 +454,16 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
             )
         config.total_steps = total_steps
     trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress)
-    trainer.load_state_dict(state)
-    return trainer.train()
+    try:
+        trainer.load_state_dict(state)
+        return trainer.train()
+    finally:
+        trainer.close()
 
 
 def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
-    ignored = {"total_steps", "run_dir"}
+    # Settings that change how fast a run goes, not what it computes, may differ on resume.
+    ignored = {"total_steps", "run_dir", "num_workers", "worker_restarts", "worker_timeout", "torch_threads"}
     a, b = saved.to_dict(), current.to_dict()
     differences = [
         (k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)
