@@ -185,6 +185,10 @@ def cmd_eval(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise PhalanxError(f"--episodes must be >= 1, got {args.episodes}.")
+    if args.video:
+        from phalanx.video import use_headless_rendering
+
+        use_headless_rendering()  # before the evaluation imports the simulator
     from phalanx.agent import evaluate
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)

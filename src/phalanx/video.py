@@ -7,6 +7,7 @@ reference env, which draws the frames. Needs the env's rendering dependencies (f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,7 +16,18 @@ from phalanx.agent import load_agent
 from phalanx.errors import EnvError
 
 
+def use_headless_rendering() -> None:
+    """On a machine without a display, make MuJoCo render offscreen through EGL (unless told otherwise).
+
+    MuJoCo reads ``MUJOCO_GL`` when it is first imported, so this runs before any env is built.
+    """
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+
 def record_video(run_dir: str | Path, checkpoint: str = "best", max_steps: int = 2000, fps: int = 30) -> Path:
+    use_headless_rendering()
     agent = load_agent(run_dir, checkpoint)
     env_id = agent.config.env.removeprefix("gym:")
     try:
