@@ -2,7 +2,7 @@
 # (TORCH_SPEC=... overrides), so that nothing else pulls an unpinned torch with CUDA packages.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,bench,finance
+EXTRAS ?= dev,bench,finance,mujoco,envpool,jax
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	# gymnax declares gymnasium<1.4 but runs on 1.4 (see pyproject.toml): installed without its pins.
+	case ",$(EXTRAS)," in *,jax,*) $(BIN)/python -m pip install --quiet --no-deps "gymnax>=1.0,<2" ;; esac
 	rm -f $(VENV)/.installed-*
 	touch $@
 
