@@ -35,10 +35,18 @@ class FaultyEnv(gym.Env):
         self.t = 0
         return self.state.copy(), {}
 
+    def _armed(self) -> bool:
+        """Whether to fail now; with ``once``, exactly one sub-env in any process claims the flag."""
+        if not self.once:
+            return self.flag.exists()
+        try:
+            os.rename(self.flag, f"{self.flag}.claimed-{os.getpid()}")  # atomic: one winner
+        except FileNotFoundError:
+            return False
+        return True
+
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
-        if self.flag is not None and self.flag.exists():
-            if self.once:
-                self.flag.unlink(missing_ok=True)
+        if self.flag is not None and self._armed():
             if self.mode == "raise":
                 raise RuntimeError("injected fault")
             if self.mode == "exit":

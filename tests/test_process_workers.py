@@ -15,10 +15,12 @@ import pytest
 import torch
 from fault_envs import FaultyEnv, OldApiEnv, different_spaces
 
+from phalanx import make_config, train
 from phalanx.envs import make_env
 from phalanx.envs.check import check_vec_env
+from phalanx.envs.core import ConcatVecEnv
 from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
-from phalanx.errors import EnvError
+from phalanx.errors import ConfigError, EnvError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -269,3 +271,92 @@ def test_ctrl_c_during_training_saves_and_leaves_no_process(tmp_path):
     assert process.returncode == 130, output
     assert (run_dir / "checkpoints").exists(), output
     assert wait_gone(tree) == [], output
+
+
+# -- double buffering --------------------------------------------------------------------------------
+def test_split_halves_step_like_the_whole_env():
+    n = 8
+    reference = GymnasiumVecEnv("CartPole-v1", num_envs=n)
+    env = ConcatVecEnv(ProcessVecEnv("CartPole-v1", num_envs=n, num_workers=2).split())
+    try:
+        check_vec_env(env, num_steps=50)
+        space = reference.action_space
+        space.seed(1)
+        actions = [torch.as_tensor(space.sample()) for _ in range(150)]
+        for step_expected, step_got in zip(rollout(reference, actions), rollout(env, actions), strict=True):
+            for a, b in zip(step_expected, step_got, strict=True):
+                assert torch.equal(a, b)
+        first, second = env.parts
+        first.step_async(torch.zeros(4, dtype=torch.int64))
+        second.step_async(torch.zeros(4, dtype=torch.int64))
+        with pytest.raises(EnvError, match="wait for the steps in the order they started"):
+            second.step_wait()
+        first.step_wait(), second.step_wait()
+        with pytest.raises(EnvError, match="no step in flight"):
+            first.step_wait()
+        with pytest.raises(EnvError, match="split in two halves"):
+            first.parent.step(torch.zeros(n, dtype=torch.int64))
+    finally:
+        env.close()
+        reference.close()
+    with pytest.raises(EnvError, match="even number of sub-envs"):
+        ProcessVecEnv("CartPole-v1", num_envs=6, num_workers=2).split()
+
+
+def test_a_worker_dying_with_both_halves_in_flight(tmp_path):
+    flag = tmp_path / "flag"
+    env = ConcatVecEnv(
+        ProcessVecEnv(FaultyEnv, num_envs=4, num_workers=1, flag=str(flag), mode="exit").split()
+    )
+    try:
+        env.reset(seed=0)
+        first, second = env.parts
+        actions = torch.zeros(2, dtype=torch.int64)
+        flag.touch()
+        first.step_async(actions)
+        second.step_async(actions)
+        with pytest.warns(RuntimeWarning, match="worker 0"):
+            results = [first.step_wait(), second.step_wait()]
+        assert all(bool(result[3].all()) for result in results)  # every episode of the worker truncated
+        for _ in range(25):
+            obs, *_ = env.step(torch.zeros(4, dtype=torch.int64))
+        assert torch.isfinite(obs).all() and env.parts[0].parent.restarts == [1]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(("algo", "env_id"), [("ppo", "gym:CartPole-v1"), ("sac", "gym:Pendulum-v1")])
+def test_training_with_overlap(tmp_path, algo, env_id):
+    overrides = (
+        {"learning_starts": 64, "batch_size": 32} if algo == "sac" else {"horizon": 16, "minibatch_size": 32}
+    )
+    config = make_config(
+        algo,
+        env_id,
+        num_envs=4,
+        num_workers=2,
+        overlap=True,
+        total_steps=256,
+        eval_every=0,
+        eval_episodes=2,
+        normalize_obs=True,
+        normalize_reward=True,
+        run_dir=str(tmp_path / "run"),
+        **overrides,
+    )
+    result = train(config, show_progress=False)
+    assert result.summary["total_steps"] >= 256 and result.summary["eval_return_mean"] is not None
+
+
+def test_overlap_needs_worker_processes(tmp_path):
+    with pytest.raises(ConfigError, match="num_workers"):
+        make_config("ppo", "gym:CartPole-v1", overlap=True, num_envs=4).validate()
+    with pytest.raises(ConfigError, match="even multiple of num_workers=2"):
+        make_config("ppo", "gym:CartPole-v1", overlap=True, num_envs=6, num_workers=2).validate()
+    with pytest.raises(EnvError, match="applies to Gymnasium environments only"):
+        train(
+            make_config(
+                "ppo", "CartPole-v1", overlap=True, num_envs=64, num_workers=2, run_dir=str(tmp_path / "run")
+            ),
+            show_progress=False,
+        )

@@ -61,6 +61,9 @@ class TrainConfig:
     num_workers: int = 0
     """Processes that step a Gymnasium env's sub-environments (0: in this process, one after another).
     Built-in envs are batched tensors and take 0."""
+    overlap: bool = False
+    """Double buffering with worker processes: half of every worker's sub-envs step while the policy
+    computes the actions of the other half (needs num_workers >= 1 and an even num_envs / num_workers)."""
     worker_restarts: int = 3
     """How many times each worker process may be restarted after a crash or hang before the run stops."""
     worker_timeout: float = 60.0
@@ -119,6 +122,22 @@ class TrainConfig:
                 self.num_envs,
                 f"a multiple of num_workers={self.num_workers}, so that every worker steps the same number "
                 f"of sub-envs (e.g. {multiple})",
+            )
+        if self.overlap:
+            halves = 2 * max(1, self.num_workers if _is_int(self.num_workers) else 1)
+            check(
+                _is_int(self.num_workers) and self.num_workers >= 1,
+                "num_workers",
+                self.num_workers,
+                ">= 1 with overlap: the halves step in worker processes while the policy computes "
+                "(set --num-workers, or drop --overlap)",
+            )
+            check(
+                self.num_envs % halves == 0,
+                "num_envs",
+                self.num_envs,
+                f"an even multiple of num_workers={self.num_workers} with overlap, so that every worker "
+                f"steps two equal halves (e.g. {halves * max(1, self.num_envs // halves)})",
             )
         check(
             _is_int(self.worker_restarts) and self.worker_restarts >= 0,

@@ -75,6 +75,24 @@ class VecEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(single_action_space, self.num_envs)
         self.closed = False
 
+    # -- asynchronous stepping ------------------------------------------------------------------
+    def step_async(self, actions: Any) -> None:
+        """Start a step with ``actions``; :meth:`step_wait` returns its results.
+
+        Environments that can step while the caller computes (worker processes) override both; for
+        the others the step happens inside :meth:`step_wait`. ``step(a)`` equals ``step_async(a)``
+        followed by ``step_wait()``.
+        """
+        self._pending_actions = actions
+
+    def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The results of the step started by :meth:`step_async`."""
+        actions = getattr(self, "_pending_actions", None)
+        if actions is None:
+            raise EnvError(f"{type(self).__name__}.step_wait: no step in flight; call step_async first.")
+        self._pending_actions = None
+        return self.step(actions)
+
     # -- checkpointable state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the exact same trajectories (tensors and primitives)."""
@@ -241,3 +259,86 @@ class BatchedVecEnv(VecEnv):
         """Uniform samples in ``[low, high)`` from this env's seeded generator."""
         sample = torch.rand(size, generator=self.generator, device=self.device)
         return low + (high - low) * sample
+
+
+def concat_transitions(
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+    """The step results of several VecEnvs as one: every array concatenated along the row dimension."""
+    obs, reward, terminated, truncated = (torch.cat([part[i] for part in parts]) for i in range(4))
+    info = {key: torch.cat([part[4][key] for part in parts]) for key in _CONTRACT_INFO}
+    return obs, reward, terminated, truncated, info
+
+
+_CONTRACT_INFO = ("final_obs", "_final_obs", "episode_return", "episode_length")
+
+
+class ConcatVecEnv(VecEnv):
+    """Several VecEnvs with the same spaces and device as one (the rows of ``parts[0]`` first, ...).
+
+    Used for double buffering: the training worker steps the parts one after another with
+    ``step_async`` / ``step_wait``, computing the actions of one part while another steps; seen as a
+    whole (``step``, ``reset``, checkpoints) it is one VecEnv. ``reset(seed=s)`` gives the part that
+    starts at row ``r`` the seed ``s + r``. Only the four contract keys of ``info`` are kept.
+    """
+
+    def __init__(self, parts: list[VecEnv]) -> None:
+        first = parts[0]
+        for part in parts[1:]:
+            if (part.single_observation_space, part.single_action_space, part.device) != (
+                first.single_observation_space,
+                first.single_action_space,
+                first.device,
+            ):
+                raise ConfigError(
+                    f"ConcatVecEnv: {part!r} has spaces {part.single_observation_space} / "
+                    f"{part.single_action_space} on {part.device}, expected those of {first!r} "
+                    f"({first.single_observation_space} / {first.single_action_space} on {first.device})."
+                )
+        super().__init__(
+            sum(part.num_envs for part in parts),
+            first.single_observation_space,
+            first.single_action_space,
+            first.device,
+        )
+        self.parts = list(parts)
+        self.metadata = first.metadata
+        self.render_mode = getattr(first, "render_mode", None)
+
+    @property
+    def unwrapped(self) -> VecEnv:  # type: ignore[override]
+        """The innermost env of the first part (all parts have the same spaces)."""
+        return self.parts[0].unwrapped
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        observations, start = [], 0
+        for part in self.parts:
+            obs, _ = part.reset(seed=None if seed is None else seed + start, options=options)
+            observations.append(obs)
+            start += part.num_envs
+        return torch.cat(observations), {}
+
+    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        start = 0
+        for part in self.parts:
+            part.step_async(actions[start : start + part.num_envs])
+            start += part.num_envs
+        return concat_transitions([part.step_wait() for part in self.parts])
+
+    def close(self, **kwargs: Any) -> None:
+        if not self.closed:
+            for part in self.parts:
+                part.close(**kwargs)
+            self.closed = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part, part_state in zip(self.parts, state["parts"], strict=True):
+            part.load_state_dict(part_state)
+
+    def __repr__(self) -> str:
+        return f"ConcatVecEnv({self.parts!r})"

@@ -11,6 +11,7 @@ rewards and flags with the main process through shared memory; it restarts worke
 
 from __future__ import annotations
 
+import collections
 import select
 import time
 import warnings
@@ -208,14 +209,15 @@ class _GymnasiumAdapter(VecEnv):
             return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
         return torch.tensor(obs, dtype=torch.float32, device=self.device)  # copies: the source is reused
 
-    def _actions_numpy(self, actions: Any) -> np.ndarray:
+    def _actions_numpy(self, actions: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        shape = self._action_shape if shape is None else shape
         if isinstance(actions, torch.Tensor):
             actions = actions.detach().cpu().numpy()
         actions = np.asarray(actions, dtype=np.int64 if self._discrete_act else np.float32)
-        if actions.shape != self._action_shape:
+        if actions.shape != shape:
             raise EnvError(
                 f"{type(self).__name__}({self.env_id!r}).step: actions have shape {actions.shape}, "
-                f"expected {self._action_shape} (num_envs={self.num_envs}, action space "
+                f"expected {shape} (num_envs={shape[0]}, action space "
                 f"{self.single_action_space}). Pass one action per sub-env."
             )
         return actions
@@ -390,8 +392,14 @@ def _worker_loop(
                 message = conn.recv_bytes()
             except (EOFError, OSError):  # the main process is gone: exit rather than linger
                 break
-            if message == _STEP:
-                for current, sub_env in enumerate(envs):
+            if message[:1] == _STEP:  # b"s": every sub-env; b"s0" / b"s1": the first / second half
+                low, high = 0, len(envs)
+                if len(message) > 1:
+                    half = len(envs) // 2
+                    low = half * int(message[1:])
+                    high = low + half
+                for current in range(low, high):
+                    sub_env = envs[current]
                     next_obs, r, term, trunc, _ = sub_env.step(actions[current])
                     reward[current], terminated[current], truncated[current] = r, term, trunc
                     if term or trunc:
@@ -402,11 +410,11 @@ def _worker_loop(
                 conn.send_bytes(_OK)
                 continue
             command, *arguments = cloudpickle.loads(message)
-            if command == "reset":
-                seed, options = arguments
-                for current, sub_env in enumerate(envs):
-                    obs[current], _ = sub_env.reset(
-                        seed=None if seed is None else seed + current, options=options
+            if command == "reset":  # sub-envs low..high-1 get the seeds seed, seed + 1, ...
+                seed, options, low, high = arguments
+                for current in range(low, high):
+                    obs[current], _ = envs[current].reset(
+                        seed=None if seed is None else seed + current - low, options=options
                     )
                 current = -1
                 conn.send_bytes(_OK)
@@ -607,6 +615,10 @@ class ProcessVecEnv(_GymnasiumAdapter):
             self._views[key] = view
         self._last_obs = np.zeros((n, *obs_shape), dtype=np.float32)
         self._fault_rows = np.zeros(n, dtype=bool)
+        self._in_flight = [0] * self.num_workers  # step commands sent and not yet answered
+        self._owed = [0] * self.num_workers  # of those, the ones a restarted worker will never answer
+        self._split = False
+        self._order: collections.deque[VecEnv] = collections.deque()  # owners of the steps in flight
         self._seed: int | None = None
         self._payload = cloudpickle.dumps((env, self._make_kwargs, (obs_space, act_space)))
         self._per_worker = n // self.num_workers
@@ -621,7 +633,6 @@ class ProcessVecEnv(_GymnasiumAdapter):
         except BaseException:
             self.close()
             raise
-        self._stepping = False
 
     # -- processes ---------------------------------------------------------------------------------
     def _rows(self, worker: int) -> tuple[int, int]:
@@ -648,6 +659,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
     def _wait(self, workers: Any, what: str, restart: bool = True) -> None:
         """Wait for every worker in ``workers`` to answer ``what``; handle the faults on the way."""
         waiting = set(workers)
+        if what == "step":  # a restarted worker owes no answer to steps its predecessor was sent
+            for worker in list(waiting):
+                if self._owed[worker]:
+                    self._owed[worker] -= 1
+                    self._in_flight[worker] -= 1
+                    waiting.discard(worker)
         deadline = time.monotonic() + self.step_timeout
         while waiting:
             ready = _ready_workers(
@@ -656,6 +673,9 @@ class ProcessVecEnv(_GymnasiumAdapter):
             )
             if not ready:
                 for worker in sorted(waiting):
+                    if what == "step":
+                        self._in_flight[worker] -= 1
+                        self._owed[worker] = self._in_flight[worker]
                     self._fault(
                         worker,
                         f"no answer to {what} within step_timeout={self.step_timeout} s (hung); killed it",
@@ -670,7 +690,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 except (EOFError, OSError):
                     message = None
                 if message == _OK:
+                    if what == "step":
+                        self._in_flight[worker] -= 1
                     continue
+                if what == "step":
+                    self._in_flight[worker] -= 1
+                    self._owed[worker] = self._in_flight[worker]
                 if message is None:
                     self._processes[worker].join(timeout=1.0)
                     code = self._processes[worker].exitcode
@@ -724,7 +749,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         self._wait([worker], "start", restart=False)
         start, stop = self._rows(worker)
         seed = None if self._seed is None else self._seed + start + self.num_envs * sum(self.restarts)
-        self._connections[worker].send(("reset", seed, None))
+        self._connections[worker].send(("reset", seed, None, 0, stop - start))
         self._wait([worker], "reset", restart=False)
         self._fault_rows[start:stop] = True
 
@@ -732,51 +757,117 @@ class ProcessVecEnv(_GymnasiumAdapter):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Tensor, dict[str, Any]]:
-        self._check_open("reset")
-        self._seed = None if seed is None else int(seed)
-        for worker, conn in enumerate(self._connections):
-            start, _ = self._rows(worker)
-            conn.send(("reset", None if seed is None else int(seed) + start, options))
-        self._wait(range(self.num_workers), "reset")
-        self._fault_rows[:] = False
+        self._check_whole("reset")
+        obs = self._reset_rows(seed, options, None)
         self.episode_statistics.reset()
-        np.copyto(self._last_obs, self._views["obs"])
-        return self._obs_tensor(self._views["obs"]), {}
+        return obs, {}
 
     def step_async(self, actions: Any) -> None:
         """Send ``actions`` to the workers and return at once; :meth:`step_wait` collects the results."""
-        self._check_open("step")
-        np.copyto(self._views["actions"], self._actions_numpy(actions))
-        for conn in self._connections:
-            conn.send_bytes(_STEP)
-        self._stepping = True
+        self._check_whole("step")
+        self._send_step(self._actions_numpy(actions), slice(None), _STEP, self)
 
     def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         """The results of the step started by :meth:`step_async`."""
-        if not self._stepping:
+        return self._receive_step(slice(None), self.episode_statistics, self)
+
+    def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        self.step_async(actions)
+        return self.step_wait()
+
+    # -- double buffering --------------------------------------------------------------------------
+    def split(self) -> list[VecEnv]:
+        """Two VecEnvs over the two halves of every worker's sub-envs, for double buffering.
+
+        Half ``g`` holds, for each worker, its sub-envs ``g * k/2 .. (g + 1) * k/2 - 1``; each half steps
+        on its own (``step_async`` / ``step_wait``), so a worker steps one half while the caller
+        computes the actions of the other. Once split, this env is stepped only through its halves.
+        """
+        self._check_open("split")
+        if self._per_worker % 2:
             raise EnvError(
-                f"{type(self).__name__}({self.env_id!r}).step_wait: no step in flight; call step_async first."
+                f"{type(self).__name__}({self.env_id!r}).split: every worker needs an even number of "
+                f"sub-envs to step them in two halves, but num_envs={self.num_envs} / "
+                f"num_workers={self.num_workers} = {self._per_worker}. Use num_envs = an even multiple of "
+                f"num_workers (e.g. {2 * self.num_workers * max(1, self._per_worker // 2)})."
             )
-        self._stepping = False
+        self._split = True
+        return [_ProcessHalf(self, group) for group in (0, 1)]
+
+    # -- shared by the whole env and its halves ----------------------------------------------------
+    def _check_whole(self, what: str) -> None:
+        self._check_open(what)
+        if self._split:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).{what}: this env was split in two halves for "
+                "double buffering; step and reset the halves that split() returned."
+            )
+
+    def _reset_rows(self, seed: int | None, options: dict[str, Any] | None, group: int | None) -> Tensor:
+        """Reset every sub-env (``group`` None) or one half; row ``j`` of the result gets ``seed + j``."""
+        self._seed = None if seed is None else int(seed)
+        low, high, size = 0, self._per_worker, self._per_worker
+        if group is not None:
+            size = self._per_worker // 2
+            low, high = group * size, (group + 1) * size
+        for worker, conn in enumerate(self._connections):
+            conn.send(("reset", None if seed is None else int(seed) + worker * size, options, low, high))
+        self._wait(range(self.num_workers), "reset")
+        rows = slice(None) if group is None else self._half_rows(group)
+        self._fault_rows[rows] = False
+        self._last_obs[rows] = self._views["obs"][rows]
+        return self._obs_tensor(self._views["obs"][rows])
+
+    def _half_rows(self, group: int) -> np.ndarray:
+        size = self._per_worker // 2
+        return np.concatenate(
+            [
+                np.arange(w * self._per_worker + group * size, w * self._per_worker + (group + 1) * size)
+                for w in range(self.num_workers)
+            ]
+        )
+
+    def _send_step(self, actions: np.ndarray, rows: Any, command: bytes, owner: VecEnv) -> None:
+        if owner in self._order:
+            raise EnvError(f"{owner!r}.step_async: a step is already in flight; call step_wait first.")
+        self._order.append(owner)
+        self._views["actions"][rows] = actions
+        for worker, conn in enumerate(self._connections):
+            conn.send_bytes(command)
+            self._in_flight[worker] += 1
+
+    def _receive_step(
+        self, rows: Any, statistics: EpisodeStatistics, owner: VecEnv
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        if not self._order or self._order[0] is not owner:
+            problem = (
+                "no step in flight; call step_async first"
+                if owner not in self._order
+                else (
+                    f"{self._order[0]!r} started its step first; wait for the steps in the order they started"
+                )
+            )
+            raise EnvError(f"{owner!r}.step_wait: {problem}.")
+        self._order.popleft()
         self._wait(range(self.num_workers), "step")
-        views = self._views
-        if self._fault_rows.any():  # restarted workers: end their episodes at the last good observation
-            rows = self._fault_rows
-            views["final_obs"][rows] = self._last_obs[rows]
-            views["reward"][rows], views["terminated"][rows], views["truncated"][rows] = 0.0, False, True
-            self._fault_rows[:] = False
-        terminated_np, truncated_np = views["terminated"], views["truncated"]
-        ended = terminated_np | truncated_np
+        views = {key: view[rows] for key, view in self._views.items()}  # copies when rows is an index array
+        faulted = self._fault_rows[rows]
+        if faulted.any():  # restarted workers: end their episodes at the last good observation
+            views = {key: np.array(view) for key, view in views.items()}
+            views["final_obs"][faulted] = self._last_obs[rows][faulted]
+            views["reward"][faulted], views["terminated"][faulted], views["truncated"][faulted] = 0, 0, 1
+            self._fault_rows[rows] = False
+        ended = views["terminated"] | views["truncated"]
         obs = self._obs_tensor(views["obs"])
         final_obs = self._obs_tensor(
             np.where(ended.reshape(-1, *[1] * (views["obs"].ndim - 1)), views["final_obs"], views["obs"])
         )
-        np.copyto(self._last_obs, views["obs"])
+        self._last_obs[rows] = views["obs"]
         reward = torch.tensor(views["reward"], device=self.device)
-        terminated = torch.tensor(terminated_np, device=self.device)
-        truncated = torch.tensor(truncated_np, device=self.device)
+        terminated = torch.tensor(views["terminated"], device=self.device)
+        truncated = torch.tensor(views["truncated"], device=self.device)
         done = terminated | truncated
-        episode_return, episode_length = self.episode_statistics.step(reward, done)
+        episode_return, episode_length = statistics.step(reward, done)
         info = {
             "final_obs": final_obs,
             "_final_obs": done,
@@ -784,10 +875,6 @@ class ProcessVecEnv(_GymnasiumAdapter):
             "episode_length": episode_length,
         }
         return obs, reward, terminated, truncated, info
-
-    def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        self.step_async(actions)
-        return self.step_wait()
 
     def render_frame(self, index: int = 0) -> np.ndarray:
         """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
@@ -821,3 +908,52 @@ class ProcessVecEnv(_GymnasiumAdapter):
             f"{type(self).__name__}({self.env_id!r}, num_envs={self.num_envs}, "
             f"num_workers={self.num_workers}, device={self.device})"
         )
+
+
+class _ProcessHalf(VecEnv):
+    """One half of a split :class:`ProcessVecEnv`: its own steps, resets and episode statistics."""
+
+    def __init__(self, parent: ProcessVecEnv, group: int) -> None:
+        super().__init__(
+            parent.num_envs // 2, parent.single_observation_space, parent.single_action_space, parent.device
+        )
+        self.parent = parent
+        self.group = group
+        self.metadata = parent.metadata
+        self.rows = parent._half_rows(group)
+        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
+        action_shape = parent._action_shape[1:]
+        self._action_shape = (self.num_envs, *action_shape)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        self.parent._check_open("reset")
+        obs = self.parent._reset_rows(seed, options, self.group)
+        self.episode_statistics.reset()
+        return obs, {}
+
+    def step_async(self, actions: Any) -> None:
+        self.parent._check_open("step")
+        actions = self.parent._actions_numpy(actions, self._action_shape)
+        self.parent._send_step(actions, self.rows, _STEP + str(self.group).encode(), self)
+
+    def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        return self.parent._receive_step(self.rows, self.episode_statistics, self)
+
+    def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"episode_statistics": self.episode_statistics.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episode_statistics.load_state_dict(state["episode_statistics"])
+
+    def close(self, **kwargs: Any) -> None:
+        self.parent.close()
+        self.closed = True
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.split()[{self.group}]"

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from gymnasium.vector.utils import batch_space
 
-from phalanx.envs.core import Tensor, VecEnv
+from phalanx.envs.core import ConcatVecEnv, Tensor, VecEnv
 from phalanx.errors import ConfigError, ContractError
 
 __all__ = [
@@ -43,7 +43,9 @@ class VecEnvWrapper(VecEnv):
     """Base class of VecEnv wrappers: forwards ``reset``/``step``, spaces, ``num_envs``, ``device``.
 
     A subclass that changes a space assigns ``single_observation_space`` / ``single_action_space``
-    (and the batched space) after ``super().__init__(env)``. Wrapper state goes in
+    (and the batched space) after ``super().__init__(env)``. A step is split in two hooks, so that
+    :meth:`step_async` / :meth:`step_wait` pass through every wrapper: :meth:`_action` maps the actions
+    on their way in, :meth:`_transition` maps the results on their way out. Wrapper state goes in
     :meth:`_own_state_dict` / :meth:`_load_own_state_dict`; :meth:`state_dict` nests the wrapped env's
     state under ``"env"``.
     """
@@ -72,7 +74,34 @@ class VecEnvWrapper(VecEnv):
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        return self.env.step(actions)
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Tensor) -> None:
+        if self._overrides_step():
+            VecEnv.step_async(self, actions)
+        else:
+            self.env.step_async(self._action(actions))
+
+    def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        if self._overrides_step():
+            return VecEnv.step_wait(self)
+        return self._transition(*self.env.step_wait())
+
+    def _overrides_step(self) -> bool:
+        """True for a subclass that writes ``step`` itself instead of the hooks: it is then stepped
+        through its own ``step`` (inside ``step_wait``), so that nothing it does is bypassed."""
+        return type(self).step is not VecEnvWrapper.step
+
+    def _action(self, actions: Tensor) -> Tensor:
+        """The actions the wrapped env receives (identity here)."""
+        return actions
+
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The step's results as the caller sees them (unchanged here)."""
+        return obs, reward, terminated, truncated, info
 
     def render(self) -> Any:
         return self.env.render()
@@ -117,7 +146,13 @@ class VecEnvWrapper(VecEnv):
 
 
 def find_wrapper(env: VecEnv, cls: type[W]) -> W | None:
-    """The outermost wrapper of type ``cls`` in ``env``'s wrapper chain, or None."""
+    """The outermost wrapper of type ``cls`` in ``env``'s wrapper chain, or None.
+
+    For a :class:`~phalanx.envs.core.ConcatVecEnv`, the chain of its first part (the parts of a
+    double-buffered env are wrapped alike and share their statistics).
+    """
+    if isinstance(env, ConcatVecEnv):
+        env = env.parts[0]
     while isinstance(env, VecEnvWrapper):
         if isinstance(env, cls):
             return env
@@ -155,9 +190,9 @@ class RescaleAction(VecEnvWrapper):
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=space.shape, dtype=np.float32)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+    def _action(self, actions: Tensor) -> Tensor:
         actions = _as_tensor(actions, self.device).to(torch.float32).clamp(-1.0, 1.0)
-        return self.env.step(self.low + (actions + 1.0) * 0.5 * (self.high - self.low))
+        return self.low + (actions + 1.0) * 0.5 * (self.high - self.low)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -305,8 +340,9 @@ class NormalizeObservation(VecEnvWrapper):
             self.statistics.update(obs)
         return self.normalize(obs), info
 
-    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(actions)
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         if self.update:
             self.statistics.update(obs)
         info = dict(info)
@@ -338,6 +374,7 @@ class ScaleReward(VecEnvWrapper):
         clip: float | None = 10.0,
         epsilon: float = 1e-8,
         update: bool = True,
+        statistics: RunningMeanStd | None = None,
     ) -> None:
         super().__init__(env)
         if not 0.0 <= gamma <= 1.0:
@@ -348,7 +385,12 @@ class ScaleReward(VecEnvWrapper):
         self.clip = clip
         self.epsilon = epsilon
         self.update = update
-        self.statistics = RunningMeanStd((), self.device)
+        if statistics is not None and (statistics.shape != () or statistics.device != self.device):
+            raise ConfigError(
+                f"ScaleReward: the shared statistics have shape {statistics.shape} on {statistics.device}, "
+                f"expected shape () on {self.device}. Share the statistics of another ScaleReward."
+            )
+        self.statistics = statistics if statistics is not None else RunningMeanStd((), self.device)
         self.returns = torch.zeros(self.num_envs, dtype=self.statistics.dtype, device=self.device)
 
     def reset(
@@ -357,8 +399,9 @@ class ScaleReward(VecEnvWrapper):
         self.returns.zero_()
         return self.env.reset(seed=seed, options=options)
 
-    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(actions)
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         self.returns = self.returns * self.gamma + reward
         if self.update:
             self.statistics.update(self.returns)
@@ -456,11 +499,15 @@ class NanGuard(VecEnvWrapper):
         self._scan(obs, 4)
         return obs, info
 
-    def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+    def _action(self, actions: Tensor) -> Tensor:
         self.num_steps += 1
         self._step += 1
         self._scan(actions if isinstance(actions, torch.Tensor) else _as_tensor(actions, self.device), 0)
-        obs, reward, terminated, truncated, info = self.env.step(actions)
+        return actions
+
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         self._scan(obs, 1)
         self._scan(reward, 2)
         self._scan(info.get("final_obs"), 3)

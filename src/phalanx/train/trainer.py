@@ -24,8 +24,9 @@ from phalanx.algos import get_algorithm
 from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.config import TrainConfig, load_yaml, save_yaml
-from phalanx.envs.core import VecEnv, as_device
+from phalanx.envs.core import ConcatVecEnv, VecEnv, as_device
 from phalanx.envs.registry import make_env
+from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import NanGuard, NormalizeObservation, RescaleAction, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
@@ -49,8 +50,10 @@ def build_env(
 ) -> VecEnv:
     """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation.
 
-    Training envs of Gymnasium ids step in ``config.num_workers`` processes; evaluation envs step in this
-    process (a few episodes with frozen weights, where idle worker processes would only take memory).
+    Training envs of Gymnasium ids step in ``config.num_workers`` processes, and with ``config.overlap``
+    as two halves (a :class:`ConcatVecEnv` of two wrapped halves that share their statistics) for the
+    worker's double buffering. Evaluation envs step in this process (a few episodes with frozen
+    weights, where idle worker processes would only take memory).
     """
     env: VecEnv = make_env(
         config.env,
@@ -59,6 +62,36 @@ def build_env(
         num_workers=config.num_workers if training else 0,
         worker_options={"max_restarts": config.worker_restarts, "step_timeout": config.worker_timeout},
     )
+    if not (training and config.overlap):
+        return _wrap(env, config, training, obs_statistics, None)
+    if not isinstance(env, ProcessVecEnv):
+        env.close()
+        raise ConfigError(
+            f"overlap=True steps half of the sub-envs in worker processes while the policy computes, "
+            f"but {config.env!r} is {type(env).__name__}, not a Gymnasium env in worker processes. Use a "
+            "Gymnasium id with --num-workers (e.g. 'gym:CartPole-v1'), or drop --overlap (batched envs "
+            "step all sub-envs at once already)."
+        )
+    halves = env.split()
+    first = _wrap(halves[0], config, training, obs_statistics, None)
+    normalizer, scaler = find_wrapper(first, NormalizeObservation), find_wrapper(first, ScaleReward)
+    second = _wrap(
+        halves[1],
+        config,
+        training,
+        normalizer.statistics if normalizer is not None else None,
+        scaler.statistics if scaler is not None else None,
+    )
+    return ConcatVecEnv([first, second])
+
+
+def _wrap(
+    env: VecEnv,
+    config: TrainConfig,
+    training: bool,
+    obs_statistics: Any | None,
+    reward_statistics: Any | None,
+) -> VecEnv:
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env)
     if isinstance(env.single_action_space, gym.spaces.Box):
@@ -66,7 +99,7 @@ def build_env(
     if config.normalize_obs:
         env = NormalizeObservation(env, statistics=obs_statistics, update=training)
     if config.normalize_reward and training:
-        env = ScaleReward(env, gamma=config.hyperparameters.gamma)
+        env = ScaleReward(env, gamma=config.hyperparameters.gamma, statistics=reward_statistics)
     return env
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
-from phalanx.envs.core import VecEnv
+from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
 
 
 class EpisodeLog:
@@ -44,6 +44,11 @@ class Worker:
 
     On-policy it fills a rollout (:meth:`collect`); off-policy it adds one VecEnv step of N
     transitions to the replay buffer at a time (:meth:`step`).
+
+    Double buffering: when the env is a :class:`~phalanx.envs.core.ConcatVecEnv` of two halves (worker
+    processes split with ``overlap``), the policy computes the actions of one half while the other
+    half steps. The data are the same kind as in the plain loop (every transition acted on by the
+    current policy); only the order of the computations changes.
     """
 
     def __init__(self, env: VecEnv, algorithm: Any) -> None:
@@ -55,10 +60,19 @@ class Worker:
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
 
+    @property
+    def halves(self) -> list[VecEnv] | None:
+        """The two halves stepped in turn for double buffering, or None for the plain loop."""
+        if isinstance(self.env, ConcatVecEnv) and len(self.env.parts) == 2:
+            return self.env.parts
+        return None
+
     def collect(self, buffer: RolloutBuffer) -> RolloutBuffer:
         """Fill ``buffer`` with ``buffer.horizon`` steps of every sub-env."""
         if self.obs is None:
             raise RuntimeError("Worker.collect called before Worker.reset")
+        if self.halves is not None:
+            return self._collect_double_buffered(buffer, *self.halves)
         for step in range(buffer.horizon):
             actions, log_probs, values = self.algorithm.explore(self.obs)
             next_obs, rewards, terminated, truncated, info = self.env.step(actions)
@@ -70,15 +84,64 @@ class Worker:
             self.obs = next_obs
         return buffer
 
+    def _collect_double_buffered(self, buffer: RolloutBuffer, first: VecEnv, second: VecEnv) -> RolloutBuffer:
+        """:meth:`collect` with the actions of one half computed while the other half steps.
+
+        Per step t: the second half's actions are computed while the first half steps, and the first
+        half's actions for t + 1 while the second half steps. The last step of the rollout sends no
+        actions ahead: the next rollout must act with the policy after the update.
+        """
+        size = first.num_envs
+        obs = [self.obs[:size], self.obs[size:]]
+        ahead = self.algorithm.explore(obs[0])  # (actions, log_probs, values) of the first half
+        first.step_async(ahead[0])
+        for step in range(buffer.horizon):
+            outputs = [ahead, self.algorithm.explore(obs[1])]
+            second.step_async(outputs[1][0])
+            first_result = first.step_wait()
+            if step + 1 < buffer.horizon:
+                ahead = self.algorithm.explore(first_result[0])
+                first.step_async(ahead[0])
+            next_obs, rewards, terminated, truncated, info = concat_transitions(
+                [first_result, second.step_wait()]
+            )
+            actions, log_probs, values = (torch.cat([outputs[0][i], outputs[1][i]]) for i in range(3))
+            dones = terminated | truncated
+            buffer.add(
+                step,
+                torch.cat(obs),
+                actions,
+                log_probs,
+                values,
+                rewards,
+                terminated,
+                dones,
+                info["final_obs"],
+            )
+            self.episodes.record(info["episode_return"], info["episode_length"], dones)
+            obs = [next_obs[:size], next_obs[size:]]
+        self.obs = torch.cat(obs)
+        return buffer
+
     def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
         if self.obs is None:
             raise RuntimeError("Worker.step called before Worker.reset")
         if random:
             actions = self.algorithm.random_actions(self.env.num_envs)
+            result = self.env.step(actions)
+        elif self.halves is not None:  # the second half's actions are computed while the first steps
+            first, second = self.halves
+            first_actions = self.algorithm.explore(self.obs[: first.num_envs], steps)
+            first.step_async(first_actions)
+            second_actions = self.algorithm.explore(self.obs[first.num_envs :], steps)
+            second.step_async(second_actions)
+            actions = torch.cat([first_actions, second_actions])
+            result = concat_transitions([first.step_wait(), second.step_wait()])
         else:
             actions = self.algorithm.explore(self.obs, steps)
-        next_obs, rewards, terminated, truncated, info = self.env.step(actions)
+            result = self.env.step(actions)
+        next_obs, rewards, terminated, truncated, info = result
         replay.add(self.obs, actions, rewards, info["final_obs"], terminated, truncated)
         self.episodes.record(info["episode_return"], info["episode_length"], terminated | truncated)
         self.obs = next_obs
