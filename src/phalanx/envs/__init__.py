@@ -1,9 +1,9 @@
 """Batched environments on torch tensors: the VecEnv contract, built-in envs, adapters, wrappers."""
 
 from phalanx.envs.check import CheckReport, check_vec_env
-from phalanx.envs.core import BatchedVecEnv, EpisodeStatistics, VecEnv
+from phalanx.envs.core import BatchedVecEnv, ConcatVecEnv, EpisodeStatistics, VecEnv
 from phalanx.envs.registry import list_envs, load_factory, make_env, register_env
-from phalanx.envs.workers import GymnasiumVecEnv
+from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 from phalanx.envs.wrappers import (
     NanGuard,
     NormalizeObservation,
@@ -17,10 +17,12 @@ from phalanx.envs.wrappers import (
 __all__ = [
     "BatchedVecEnv",
     "CheckReport",
+    "ConcatVecEnv",
     "EpisodeStatistics",
     "GymnasiumVecEnv",
     "NanGuard",
     "NormalizeObservation",
+    "ProcessVecEnv",
     "RescaleAction",
     "RunningMeanStd",
     "ScaleReward",

@@ -86,8 +86,9 @@ from phalanx.errors import EnvError  # noqa: E402
 __all__ = ["BraxVecEnv", "GymnaxVecEnv", "JaxVecEnv", "jax_device", "split_keys"]
 
 _INSTALL_HINT = (
-    "Install the JAX simulators with `pip install 'phalanx[jax]'` (jax, gymnax, brax; on a GPU also a "
-    "CUDA build of jax, e.g. `pip install 'jax[cuda12]'`)."
+    "Install the JAX simulators with `pip install 'phalanx[jax]'` (jax, brax) and `pip install --no-deps "
+    "'gymnax>=1,<2'` (gymnax declares gymnasium<1.4 but runs on 1.4); on a GPU also a CUDA build of jax, "
+    "e.g. `pip install 'jax[cuda12]'`."
 )
 
 
