@@ -1,6 +1,6 @@
-"""All benchmarks (``make bench``): env throughput, then time to solve against Stable-Baselines3.
+"""All benchmarks (``make bench``): env throughput, worker processes, then time to solve against SB3.
 
-    python benchmarks/run_all.py                 # 5 seeds (about 5-10 minutes on 2 CPU cores)
+    python benchmarks/run_all.py                 # 5 seeds (about 8-13 minutes on 2 CPU cores)
     python benchmarks/run_all.py --seeds 2       # quicker
     python benchmarks/run_all.py --device cuda --num-envs 1048576
 
@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import env_throughput  # noqa: E402
+import process_workers  # noqa: E402
 import time_to_solve  # noqa: E402
 from benchlib import load_average  # noqa: E402
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         help="time to solve: torch threads for both (0: torch default)",
     )
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-process-workers", action="store_true")
     parser.add_argument("--skip-time-to-solve", action="store_true")
     args = parser.parse_args(argv)
 
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
             ["--device", args.device, "--num-envs", str(args.num_envs), "--threads", "1,0", "--json"]
         )
         outputs.append("## Env throughput\n\n" + env_throughput.table(result))
+    if not args.skip_process_workers:
+        print("\n## Worker processes\n", flush=True)
+        result = process_workers.main(["--json"])
+        outputs.append("## Worker processes\n\n" + process_workers.tables(result))
     if not args.skip_time_to_solve:
         print("\n## Time to solve\n", flush=True)
         result = time_to_solve.main(

@@ -91,6 +91,12 @@ def _float32_box(space: gym.spaces.Box) -> gym.spaces.Box:
     )
 
 
+def _copy_to(array: np.ndarray, device: torch.device) -> Tensor:
+    """A copy of ``array`` as a tensor on ``device`` (the source buffer is reused by the next step)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.clone() if device.type == "cpu" else tensor.to(device)
+
+
 def _spaces(env: gym.Env) -> tuple[gym.Space, gym.Space]:
     return env.observation_space, env.action_space
 
@@ -207,7 +213,7 @@ class _GymnasiumAdapter(VecEnv):
         if isinstance(self._obs_space, gym.spaces.Discrete):
             index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
             return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
-        return torch.tensor(obs, dtype=torch.float32, device=self.device)  # copies: the source is reused
+        return _copy_to(np.asarray(obs, dtype=np.float32), self.device)
 
     def _actions_numpy(self, actions: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
         shape = self._action_shape if shape is None else shape
@@ -402,8 +408,8 @@ def _worker_loop(
                     sub_env = envs[current]
                     next_obs, r, term, trunc, _ = sub_env.step(actions[current])
                     reward[current], terminated[current], truncated[current] = r, term, trunc
+                    final_obs[current] = next_obs  # the true next observation of every row
                     if term or trunc:
-                        final_obs[current] = next_obs
                         next_obs, _ = sub_env.reset()
                     obs[current] = next_obs
                 current = -1
@@ -438,24 +444,28 @@ def _worker_loop(
         conn.close()
 
 
-def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> list[int]:
+def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> dict[int, bool]:
     """The workers whose pipe is readable or whose process ended, waiting up to ``timeout`` seconds.
 
-    ``handles`` maps a worker to (pipe fd, process sentinel fd). ``select.poll`` costs a few
-    microseconds where ``multiprocessing.connection.wait`` rebuilds a selector on every call.
+    ``handles`` maps a worker to (pipe fd, process sentinel fd); the result maps each ready worker to
+    whether its pipe has data. ``select.poll`` costs a few microseconds where
+    ``multiprocessing.connection.wait`` builds a selector on every call.
     """
-    if not hasattr(select, "poll"):  # Windows
+    owner = {fd: worker for worker, fds in handles.items() for fd in fds}
+    pipes = {fds[0] for fds in handles.values()}
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        for fd in owner:
+            poller.register(fd, select.POLLIN)
+        fired = [fd for fd, _ in poller.poll(timeout * 1000.0)]
+    else:  # Windows
         from multiprocessing.connection import wait
 
-        owner = {fd: worker for worker, fds in handles.items() for fd in fds}
-        return sorted({owner[fd] for fd in wait(list(owner), timeout)})
-    poller = select.poll()
-    owner = {}
-    for worker, fds in handles.items():
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-            owner[fd] = worker
-    return sorted({owner[fd] for fd, _ in poller.poll(timeout * 1000.0)})
+        fired = list(wait(list(owner), timeout))
+    ready: dict[int, bool] = {}
+    for fd in fired:
+        ready[owner[fd]] = ready.get(owner[fd], False) or fd in pipes
+    return ready
 
 
 def _default_start_method() -> str:
@@ -682,11 +692,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
                         restart,
                     )
                 return
-            for worker in ready:
+            for worker, has_data in sorted(ready.items()):
                 conn = self._connections[worker]
                 waiting.discard(worker)
                 try:
-                    message = conn.recv_bytes() if conn.poll() else None
+                    message = conn.recv_bytes() if has_data else None
                 except (EOFError, OSError):
                     message = None
                 if message == _OK:
@@ -857,15 +867,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
             views["final_obs"][faulted] = self._last_obs[rows][faulted]
             views["reward"][faulted], views["terminated"][faulted], views["truncated"][faulted] = 0, 0, 1
             self._fault_rows[rows] = False
-        ended = views["terminated"] | views["truncated"]
         obs = self._obs_tensor(views["obs"])
-        final_obs = self._obs_tensor(
-            np.where(ended.reshape(-1, *[1] * (views["obs"].ndim - 1)), views["final_obs"], views["obs"])
-        )
+        final_obs = self._obs_tensor(views["final_obs"])
         self._last_obs[rows] = views["obs"]
-        reward = torch.tensor(views["reward"], device=self.device)
-        terminated = torch.tensor(views["terminated"], device=self.device)
-        truncated = torch.tensor(views["truncated"], device=self.device)
+        reward, terminated, truncated = (
+            _copy_to(views[key], self.device) for key in ("reward", "terminated", "truncated")
+        )
         done = terminated | truncated
         episode_return, episode_length = statistics.step(reward, done)
         info = {
