@@ -48,6 +48,24 @@ def as_device(device: str | torch.device) -> torch.device:
     return device
 
 
+def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
+    """The space a phalanx adapter presents for a simulator's ``space`` (``role``: observation or action).
+
+    A Box becomes a float32 Box with the same bounds; a ``Discrete(n)`` observation becomes the float32
+    one-hot ``Box(0, 1, (n,))`` (an index fed as a number would order the states meaninglessly); a
+    Discrete action stays Discrete. Anything else is unsupported: None, for the adapter to explain.
+    """
+    if isinstance(space, gym.spaces.Box):
+        return gym.spaces.Box(
+            space.low.astype(np.float32), space.high.astype(np.float32), shape=space.shape, dtype=np.float32
+        )
+    if isinstance(space, gym.spaces.Discrete):
+        if role == "observation":
+            return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
+        return gym.spaces.Discrete(int(space.n), start=int(space.start))
+    return None
+
+
 class VecEnv(gym.vector.VectorEnv):
     """Base class of every phalanx environment: a Gymnasium VectorEnv on torch tensors.
 

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv
+from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
 from phalanx.errors import EnvError
 
 __all__ = ["EnvPoolVecEnv"]
@@ -54,12 +54,6 @@ def _import_envpool(env_id: str) -> ModuleType:
             "`pip install 'phalanx[envpool]'`, or use the Gymnasium id without the 'envpool:' prefix."
         ) from None
     return envpool
-
-
-def _float32_box(space: gym.spaces.Box) -> gym.spaces.Box:
-    return gym.spaces.Box(
-        space.low.astype(np.float32), space.high.astype(np.float32), shape=space.shape, dtype=np.float32
-    )
 
 
 class EnvPoolVecEnv(VecEnv):
@@ -133,8 +127,8 @@ class EnvPoolVecEnv(VecEnv):
 
         raw_obs_space, raw_act_space = self.pool.observation_space, self.pool.action_space
         try:
-            single_obs = self._convert_observation_space(raw_obs_space)
-            single_act = self._convert_action_space(raw_act_space)
+            single_obs = self._convert_space(raw_obs_space, "observation")
+            single_act = self._convert_space(raw_act_space, "action")
         except EnvError:
             self.pool.close()
             raise
@@ -207,19 +201,11 @@ class EnvPoolVecEnv(VecEnv):
             "factory that flattens the space (gymnasium.wrappers.FlattenObservation) and GymnasiumVecEnv."
         )
 
-    def _convert_observation_space(self, space: gym.Space) -> gym.spaces.Box:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("observation", space)
-
-    def _convert_action_space(self, space: gym.Space) -> gym.Space:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Discrete(int(space.n), start=int(space.start))
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("action", space)
+    def _convert_space(self, space: gym.Space, role: str) -> gym.Space:
+        converted = tensor_space(space, role)
+        if converted is None:
+            raise self._unsupported(role, space)
+        return converted
 
     # -- conversions -------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> Tensor:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv
+from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
 from phalanx.errors import EnvError
 
 __all__ = ["GymnasiumVecEnv", "ProcessVecEnv", "make_gym_env"]
@@ -83,12 +83,6 @@ class _ApiCheck(gym.Wrapper):
             got = f"{len(result)} values" if isinstance(result, tuple) else type(result).__name__
             raise self._old_api(f"step() returned {got}, expected 5 (obs, reward, done, info is the old API)")
         return result
-
-
-def _float32_box(space: gym.spaces.Box) -> gym.spaces.Box:
-    return gym.spaces.Box(
-        space.low.astype(np.float32), space.high.astype(np.float32), shape=space.shape, dtype=np.float32
-    )
 
 
 def _copy_to(array: np.ndarray, device: torch.device) -> Tensor:
@@ -175,8 +169,8 @@ class _GymnasiumAdapter(VecEnv):
     def _set_spaces(
         self, obs_space: gym.Space, act_space: gym.Space, render_modes: list[str], fps: Any
     ) -> None:
-        single_obs = self._convert_observation_space(obs_space)
-        single_act = self._convert_action_space(act_space)
+        single_obs = self._convert_space(obs_space, "observation")
+        single_act = self._convert_space(act_space, "action")
         VecEnv.__init__(self, self._num_envs_requested, single_obs, single_act, self._device_requested)
         self.metadata = {**VecEnv.metadata, "render_modes": list(render_modes), "render_fps": fps}
         self._obs_space = obs_space
@@ -194,19 +188,11 @@ class _GymnasiumAdapter(VecEnv):
             f"pass that factory to {type(self).__name__}."
         )
 
-    def _convert_observation_space(self, space: gym.Space) -> gym.spaces.Box:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("observation", space)
-
-    def _convert_action_space(self, space: gym.Space) -> gym.Space:
-        if isinstance(space, gym.spaces.Discrete):
-            return gym.spaces.Discrete(int(space.n), start=int(space.start))
-        if isinstance(space, gym.spaces.Box):
-            return _float32_box(space)
-        raise self._unsupported("action", space)
+    def _convert_space(self, space: gym.Space, role: str) -> gym.Space:
+        converted = tensor_space(space, role)
+        if converted is None:
+            raise self._unsupported(role, space)
+        return converted
 
     # -- conversions -------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> Tensor:
