@@ -58,6 +58,18 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     return info
 
 
+def add_json_option(parser: Any) -> None:
+    """``--json [PATH]``: write the results as JSON to PATH, or with no PATH to benchmarks/results/."""
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="write the results as JSON to PATH (no PATH: benchmarks/results/)",
+    )
+
+
 def write_json(data: dict[str, Any], path: str | Path | None, default_name: str) -> Path:
     """Write ``data`` to ``path`` (default benchmarks/results/<default_name>); return the path."""
     if path is None:

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 ENV_ID = "CartPole-v1"
 
@@ -177,14 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="0",
         help="comma-separated torch thread counts to run phalanx with (0: torch's default), e.g. 1,0",
     )
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="write the results as JSON to PATH (no PATH: benchmarks/results/)",
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     threads = tuple(int(count) for count in args.threads.split(",") if count)
     result = run(args.num_envs, args.gym_envs, args.device, args.seconds, args.warmup, threads)

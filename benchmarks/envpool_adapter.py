@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 ENV_ID = "HalfCheetah-v5"
 ACTION_BANK = 256  # action batches drawn before timing and cycled through
@@ -217,14 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--warmup", type=int, default=100, help="untimed vector steps per run (default 100)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="write the results as JSON to PATH (no PATH: benchmarks/results/)",
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     result = run(
         args.env, args.num_envs, args.num_threads, args.repeats, args.seconds, args.warmup, args.torch_threads

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 DEFAULT_CASES = (
     "gymnax:CartPole-v1:1024",
@@ -179,14 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
     parser.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per variant")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps per variant")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="write the results as JSON to PATH (no PATH: benchmarks/results/)",
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     cases = tuple(case for case in args.cases.split(",") if case)
     result = run(cases, args.device, args.warmup, args.seconds)

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import load_average, machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, load_average, machine_info, markdown_table, write_json  # noqa: E402
 
 ACTION_BANK = 256  # action batches drawn before timing and cycled through
 SEED = 0
@@ -396,14 +396,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 1 repeat, 0.25 s, 10 warm-up steps unless given"
     )
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="PATH",
-        help="write the results as JSON to PATH (no PATH: benchmarks/results/)",
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     tasks = tuple(task.strip() for task in args.tasks.split(",") if task.strip())
     unknown = [task for task in tasks if task not in TASKS]
