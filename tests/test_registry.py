@@ -46,6 +46,14 @@ def test_unknown_id_suggests_close_names():
         make_env("cartpole-v1")
 
 
+def test_unknown_id_of_a_separate_package_says_where_it_lives():
+    with pytest.raises(EnvError, match=r"ALE/Pong-v5.*Atari ids come with ale-py: `pip install ale-py`"):
+        make_env("ALE/Pong-v5")
+    if importlib.util.find_spec("envpool") is not None:
+        with pytest.raises(EnvError, match="EnvPool has it: use 'envpool:Pong-v5'"):
+            make_env("Pong-v5")
+
+
 def test_missing_box2d_names_the_extra():
     if importlib.util.find_spec("Box2D") is not None:
         pytest.skip("Box2D is installed here")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -101,12 +102,28 @@ def _suggest(env_id: str) -> str:
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
+# Gymnasium namespaces whose ids a separate package registers: namespace -> how to get them.
+_NAMESPACES = {"ALE": "The Atari ids come with ale-py: `pip install ale-py`, then `import ale_py` first"}
+
+
+def _elsewhere(env_id: str) -> str:
+    """Where an id unknown to Gymnasium can be found: a namespace's package, or EnvPool if installed."""
+    namespace, _, name = env_id.removeprefix(_GYM_PREFIX).rpartition("/")
+    hints = [f" {_NAMESPACES[namespace]}."] if namespace in _NAMESPACES else []
+    if importlib.util.find_spec("envpool") is not None:
+        import envpool
+
+        if name in envpool.list_all_envs():
+            hints.append(f" EnvPool has it: use 'envpool:{name}'.")
+    return "".join(hints)
+
+
 def _unknown(env_id: str) -> EnvError:
     return EnvError(
         f"Unknown environment id {env_id!r}: it is not a built-in phalanx env, not registered with "
-        f"phalanx.envs.register_env, and not in Gymnasium's registry.{_suggest(env_id)} Run `phalanx envs` "
-        "to list every available id. If the id comes from a third-party package, import that package "
-        "first so that it registers its ids with Gymnasium."
+        f"phalanx.envs.register_env, and not in Gymnasium's registry.{_elsewhere(env_id)}{_suggest(env_id)} "
+        "Run `phalanx envs` to list every available id. If the id comes from a third-party package, import "
+        "that package first so that it registers its ids with Gymnasium."
     )
 
 
