@@ -136,12 +136,10 @@ class EpisodeStatistics:
 
     def step(self, reward: Tensor, done: Tensor) -> tuple[Tensor, Tensor]:
         """Add one step; return ``(episode_return, episode_length)`` valid where ``done``."""
-        self.returns += reward
-        self.lengths += 1
-        finished_return = self.returns.clone()
-        finished_length = self.lengths.clone()
-        self.returns.masked_fill_(done, 0.0)
-        self.lengths.masked_fill_(done, 0)
+        finished_return = self.returns + reward
+        finished_length = self.lengths + 1
+        self.returns = finished_return.masked_fill(done, 0.0)
+        self.lengths = finished_length.masked_fill(done, 0)
         return finished_return, finished_length
 
     def reset(self) -> None:

@@ -12,7 +12,9 @@ rewards and flags with the main process through shared memory; it restarts worke
 from __future__ import annotations
 
 import collections
+import os
 import select
+import struct
 import time
 import warnings
 import weakref
@@ -78,7 +80,10 @@ class _ApiCheck(gym.Wrapper):
         return result
 
     def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        result = self.env.step(action)
+        return self.check_step(self.env.step(action))
+
+    def check_step(self, result: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """``result`` if it is a step result of the Gymnasium API, else the old-API error."""
         if not isinstance(result, tuple) or len(result) != 5:
             got = f"{len(result)} values" if isinstance(result, tuple) else type(result).__name__
             raise self._old_api(f"step() returned {got}, expected 5 (obs, reward, done, info is the old API)")
@@ -87,8 +92,9 @@ class _ApiCheck(gym.Wrapper):
 
 def _copy_to(array: np.ndarray, device: torch.device) -> Tensor:
     """A copy of ``array`` as a tensor on ``device`` (the source buffer is reused by the next step)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.clone() if device.type == "cpu" else tensor.to(device)
+    if device.type == "cpu":  # numpy's copy of a small array costs a fraction of Tensor.clone's
+        return torch.from_numpy(np.array(array, order="C"))
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 def _spaces(env: gym.Env) -> tuple[gym.Space, gym.Space]:
@@ -339,6 +345,49 @@ _STEP = b"s"  # main -> worker: step your sub-envs with the actions in shared me
 _OK = b"k"  # worker -> main: done, results are in shared memory
 _FATAL, _FAULT = "fatal", "fault"  # worker -> main: a contract error (not retried) / a crash (restart)
 
+# The step messages go straight through os.read / os.write on the pipe's descriptor, in the framing of
+# multiprocessing.Connection (a 4-byte big-endian length, then the bytes), so they mix freely with the
+# Connection's own send / recv of the rarer messages; Connection's Python layers cost ~15 us per message
+# here. Windows pipes are handles, not descriptors: they keep the Connection methods.
+_HEADER = struct.Struct("!i")
+_RESULTS = ("obs", "final_obs", "reward", "terminated", "truncated")  # the buffers a step writes
+_RAW_PIPES = os.name == "posix"
+
+
+def _frame(message: bytes) -> bytes:
+    return _HEADER.pack(len(message)) + message
+
+
+def _send_message(conn: Any, frame: bytes) -> None:
+    """Send one message already framed by :func:`_frame`."""
+    if _RAW_PIPES:
+        os.write(conn.fileno(), frame)
+    else:
+        conn.send_bytes(frame[_HEADER.size :])
+
+
+def _recv_message(conn: Any) -> bytes:
+    """Receive one message; EOFError when the other end is gone."""
+    if not _RAW_PIPES:
+        return conn.recv_bytes()
+    fd = conn.fileno()
+    data = os.read(fd, _HEADER.size + 1)  # every message has at least one byte: often the whole frame
+    while len(data) < _HEADER.size:
+        more = os.read(fd, _HEADER.size - len(data))
+        if not more:
+            raise EOFError("the pipe was closed")
+        data += more
+    (size,) = _HEADER.unpack(data[: _HEADER.size])
+    if size < 0:  # > 2 GiB: Connection's long form; never a step message
+        raise OSError(f"unexpected message of {size} bytes on a worker pipe")
+    body = data[_HEADER.size :]
+    while len(body) < size:
+        more = os.read(fd, size - len(body))
+        if not more:
+            raise EOFError("the pipe was closed")
+        body += more
+    return body
+
 
 def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:
     """A lock-free shared buffer and a numpy view of it (the buffer is what a child process receives)."""
@@ -378,10 +427,12 @@ def _worker_loop(
                         "VecEnv must have the same spaces: make the factory return identical envs."
                     )
         current = -1
-        conn.send_bytes(_OK)
+        inner = [sub_env.env for sub_env in envs]  # stepped past the API check: the unpacking checks
+        ok = _frame(_OK)
+        _send_message(conn, ok)
         while True:
             try:
-                message = conn.recv_bytes()
+                message = _recv_message(conn)
             except (EOFError, OSError):  # the main process is gone: exit rather than linger
                 break
             if message[:1] == _STEP:  # b"s": every sub-env; b"s0" / b"s1": the first / second half
@@ -391,15 +442,19 @@ def _worker_loop(
                     low = half * int(message[1:])
                     high = low + half
                 for current in range(low, high):
-                    sub_env = envs[current]
-                    next_obs, r, term, trunc, _ = sub_env.step(actions[current])
+                    result = inner[current].step(actions[current])
+                    try:
+                        next_obs, r, term, trunc, _ = result
+                    except (TypeError, ValueError):
+                        envs[current].check_step(result)  # the old gym API says so
+                        raise
                     reward[current], terminated[current], truncated[current] = r, term, trunc
                     final_obs[current] = next_obs  # the true next observation of every row
                     if term or trunc:
-                        next_obs, _ = sub_env.reset()
+                        next_obs, _ = envs[current].reset()
                     obs[current] = next_obs
                 current = -1
-                conn.send_bytes(_OK)
+                _send_message(conn, ok)
                 continue
             command, *arguments = cloudpickle.loads(message)
             if command == "reset":  # sub-envs low..high-1 get the seeds seed, seed + 1, ...
@@ -409,7 +464,7 @@ def _worker_loop(
                         seed=None if seed is None else seed + current - low, options=options
                     )
                 current = -1
-                conn.send_bytes(_OK)
+                _send_message(conn, ok)
             elif command == "render":
                 conn.send(envs[arguments[0]].render())
             elif command == "close":
@@ -437,8 +492,10 @@ def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> dict[
     whether its pipe has data. ``select.poll`` costs a few microseconds where
     ``multiprocessing.connection.wait`` builds a selector on every call.
     """
-    owner = {fd: worker for worker, fds in handles.items() for fd in fds}
-    pipes = {fds[0] for fds in handles.values()}
+    owner = {}
+    for worker, (pipe, sentinel) in handles.items():
+        owner[pipe] = worker, True
+        owner[sentinel] = worker, False
     if hasattr(select, "poll"):
         poller = select.poll()
         for fd in owner:
@@ -450,7 +507,8 @@ def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> dict[
         fired = list(wait(list(owner), timeout))
     ready: dict[int, bool] = {}
     for fd in fired:
-        ready[owner[fd]] = ready.get(owner[fd], False) or fd in pipes
+        worker, is_pipe = owner[fd]
+        ready[worker] = ready.get(worker, False) or is_pipe
     return ready
 
 
@@ -620,6 +678,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         self._per_worker = n // self.num_workers
         self._processes: list[Any] = [None] * self.num_workers
         self._connections: list[Any] = [None] * self.num_workers
+        self._handles: list[tuple[int, int]] = [(-1, -1)] * self.num_workers  # (pipe fd, sentinel) per worker
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
         self.closed = False
         try:
@@ -647,6 +706,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         child.close()
         self._processes[worker] = process
         self._connections[worker] = parent
+        self._handles[worker] = parent.fileno(), process.sentinel
 
     def _describe(self, worker: int) -> str:
         start, stop = self._rows(worker)
@@ -664,8 +724,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         deadline = time.monotonic() + self.step_timeout
         while waiting:
             ready = _ready_workers(
-                {w: (self._connections[w].fileno(), self._processes[w].sentinel) for w in waiting},
-                max(deadline - time.monotonic(), 0.0),
+                {w: self._handles[w] for w in waiting}, max(deadline - time.monotonic(), 0.0)
             )
             if not ready:
                 for worker in sorted(waiting):
@@ -682,7 +741,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 conn = self._connections[worker]
                 waiting.discard(worker)
                 try:
-                    message = conn.recv_bytes() if has_data else None
+                    message = _recv_message(conn) if has_data else None
                 except (EOFError, OSError):
                     message = None
                 if message == _OK:
@@ -828,8 +887,9 @@ class ProcessVecEnv(_GymnasiumAdapter):
             raise EnvError(f"{owner!r}.step_async: a step is already in flight; call step_wait first.")
         self._order.append(owner)
         self._views["actions"][rows] = actions
+        frame = _frame(command)
         for worker, conn in enumerate(self._connections):
-            conn.send_bytes(command)
+            _send_message(conn, frame)
             self._in_flight[worker] += 1
 
     def _receive_step(
@@ -846,7 +906,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
             raise EnvError(f"{owner!r}.step_wait: {problem}.")
         self._order.popleft()
         self._wait(range(self.num_workers), "step")
-        views = {key: view[rows] for key, view in self._views.items()}  # copies when rows is an index array
+        views = {key: self._views[key][rows] for key in _RESULTS}  # copies when rows is an index array
         faulted = self._fault_rows[rows]
         if faulted.any():  # restarted workers: end their episodes at the last good observation
             views = {key: np.array(view) for key, view in views.items()}
