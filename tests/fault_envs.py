@@ -16,15 +16,21 @@ import numpy as np
 
 
 class FaultyEnv(gym.Env):
-    """A 4-dim random-walk env whose ``step`` raises, kills its process, or hangs while ``flag`` exists."""
+    """A 4-dim random-walk env whose ``step`` raises, kills its process, or hangs while ``flag`` exists.
+
+    ``delay`` seconds of sleep in every step make a slow worker.
+    """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, flag: str = "", mode: str = "raise", once: bool = True, obs_dim: int = 4) -> None:
+    def __init__(
+        self, flag: str = "", mode: str = "raise", once: bool = True, obs_dim: int = 4, delay: float = 0.0
+    ) -> None:
         self.flag = Path(flag) if flag else None
         self.mode = mode
         self.once = once
+        self.delay = delay
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
         self.state = np.zeros(obs_dim, np.float32)
         self.t = 0
@@ -53,6 +59,8 @@ class FaultyEnv(gym.Env):
                 os._exit(3)
             if self.mode == "hang":
                 time.sleep(3600)
+        if self.delay:
+            time.sleep(self.delay)
         self.t += 1
         self.state = self.state + (1.0 if action else -1.0) * 0.1
         return self.state.copy(), 1.0, False, self.t >= 20, {}

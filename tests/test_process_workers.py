@@ -172,6 +172,25 @@ def test_a_failing_worker_is_restarted_and_its_episodes_truncated(tmp_path, mode
         env.close()
 
 
+def test_a_worker_dying_while_the_other_is_still_stepping(tmp_path):
+    # Only the last worker to finish a step tells the main process; when a worker dies first, the
+    # survivor (slowed down here) must still complete the step, and the next steps must be unaffected.
+    flag = tmp_path / "flag"
+    env = ProcessVecEnv(FaultyEnv, num_envs=4, num_workers=2, flag=str(flag), mode="exit", delay=0.05)
+    try:
+        env.reset(seed=0)
+        actions = torch.zeros(4, dtype=torch.int64)
+        flag.touch()
+        with pytest.warns(RuntimeWarning, match="died"):
+            *_, truncated, _ = env.step(actions)
+        assert truncated.sum() == 2 and sum(env.restarts) == 1
+        for step in range(3):
+            obs, reward, _, truncated, _ = env.step(actions)
+            assert reward.eq(1).all() and not truncated.any(), step
+    finally:
+        env.close()
+
+
 def test_a_hung_worker_is_detected_within_the_timeout(tmp_path):
     flag = tmp_path / "flag"
     env = ProcessVecEnv(FaultyEnv, num_envs=2, num_workers=2, flag=str(flag), mode="hang", step_timeout=1.0)
@@ -292,6 +311,10 @@ def test_split_halves_step_like_the_whole_env():
         with pytest.raises(EnvError, match="wait for the steps in the order they started"):
             second.step_wait()
         first.step_wait(), second.step_wait()
+        second.step_async(torch.zeros(4, dtype=torch.int64))  # a reset of one half with the other in flight
+        reset_obs, _ = first.reset(seed=3)
+        second.step_wait()
+        assert torch.equal(reset_obs, GymnasiumVecEnv("CartPole-v1", num_envs=4).reset(seed=3)[0])
         with pytest.raises(EnvError, match="no step in flight"):
             first.step_wait()
         with pytest.raises(EnvError, match="split in two halves"):

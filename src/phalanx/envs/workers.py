@@ -12,6 +12,7 @@ rewards and flags with the main process through shared memory; it restarts worke
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import select
 import struct
@@ -339,10 +340,16 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
 
 
 # ------------------------------------------------------------------------------------------------------
-# ProcessVecEnv: sub-envs in worker processes, data in shared memory, one byte of control per step.
+# ProcessVecEnv: sub-envs in worker processes, data in shared memory, one-byte messages.
 
 _STEP = b"s"  # main -> worker: step your sub-envs with the actions in shared memory
-_OK = b"k"  # worker -> main: done, results are in shared memory
+_OK = b"k"  # worker -> main: started / reset done
+_DONE = (b"d", b"e")  # worker -> main: all workers stepped slot 0 / 1; results are in shared memory
+
+# A step's progress: per slot (0: the whole env or its first half, 1: the second half) and worker, in
+# shared memory. Only the last worker to finish a slot tells the main process, which then wakes once per
+# step instead of once per worker (on 2 cores: ~90 us of a ~460 us CartPole x 64 step).
+_PENDING, _FINISHED, _EXCUSED = 0, 1, 2  # _EXCUSED: the worker failed; its restarted successor owes nothing
 _FATAL, _FAULT = "fatal", "fault"  # worker -> main: a contract error (not retried) / a crash (restart)
 
 # The step messages go straight through os.read / os.write on the pipe's descriptor, in the framing of
@@ -396,9 +403,15 @@ def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[An
 
 
 def _worker_loop(
-    payload: bytes, start: int, stop: int, buffers: dict[str, tuple[Any, tuple[int, ...], str]], conn: Any
+    payload: bytes,
+    worker: int,
+    start: int,
+    stop: int,
+    buffers: dict[str, tuple[Any, tuple[int, ...], str]],
+    lock: Any,
+    conn: Any,
 ) -> None:
-    """One worker process: owns sub-envs ``start..stop-1``, serves commands until told to close."""
+    """Worker ``worker``: owns sub-envs ``start..stop-1``, serves commands until told to close."""
     import signal
     import traceback
 
@@ -406,9 +419,11 @@ def _worker_loop(
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the main process's to handle; it closes us
     views = {
-        name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)[start:stop]
+        name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
         for name, (raw, shape, dtype) in buffers.items()
     }
+    progress = views.pop("progress")
+    views = {name: view[start:stop] for name, view in views.items()}
     actions, obs, final_obs = views["actions"], views["obs"], views["final_obs"]
     reward, terminated, truncated = views["reward"], views["terminated"], views["truncated"]
     envs: list[gym.Env] = []
@@ -429,6 +444,7 @@ def _worker_loop(
         current = -1
         inner = [sub_env.env for sub_env in envs]  # stepped past the API check: the unpacking checks
         ok = _frame(_OK)
+        done = [_frame(notice) for notice in _DONE]
         _send_message(conn, ok)
         while True:
             try:
@@ -436,11 +452,10 @@ def _worker_loop(
             except (EOFError, OSError):  # the main process is gone: exit rather than linger
                 break
             if message[:1] == _STEP:  # b"s": every sub-env; b"s0" / b"s1": the first / second half
-                low, high = 0, len(envs)
+                slot, low, high = 0, 0, len(envs)
                 if len(message) > 1:
-                    half = len(envs) // 2
-                    low = half * int(message[1:])
-                    high = low + half
+                    slot, half = int(message[1:]), len(envs) // 2
+                    low, high = half * slot, half * slot + half
                 for current in range(low, high):
                     result = inner[current].step(actions[current])
                     try:
@@ -454,7 +469,11 @@ def _worker_loop(
                         next_obs, _ = envs[current].reset()
                     obs[current] = next_obs
                 current = -1
-                _send_message(conn, ok)
+                with lock:
+                    progress[slot, worker] = _FINISHED
+                    last = progress[slot].all()
+                if last:
+                    _send_message(conn, done[slot])
                 continue
             command, *arguments = cloudpickle.loads(message)
             if command == "reset":  # sub-envs low..high-1 get the seeds seed, seed + 1, ...
@@ -548,8 +567,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
 
     Worker ``w`` owns the contiguous sub-envs ``w * k .. (w + 1) * k - 1`` (``k = num_envs / num_workers``)
     and steps them one after another. Actions, observations, rewards and flags travel through shared
-    memory: a step costs one byte of control message to each worker and one back, never a pickled
-    array. The results come back as tensors on ``device``, with the same conversions, seeding
+    memory: a step costs a one-byte message to each worker and one back from the last worker to
+    finish, never a pickled array. The results come back as tensors on ``device``, with the same conversions, seeding
     (``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``) and same-step autoreset as
     :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers.
 
@@ -669,8 +688,13 @@ class ProcessVecEnv(_GymnasiumAdapter):
             self._views[key] = view
         self._last_obs = np.zeros((n, *obs_shape), dtype=np.float32)
         self._fault_rows = np.zeros(n, dtype=bool)
-        self._in_flight = [0] * self.num_workers  # step commands sent and not yet answered
-        self._owed = [0] * self.num_workers  # of those, the ones a restarted worker will never answer
+        raw, self._progress = _shared_array(self._ctx, (2, self.num_workers), np.dtype("int8"))
+        self._buffers["progress"] = (raw, (2, self.num_workers), "int8")
+        self._lock = self._ctx.Lock()  # makes "mark my slot finished, am I the last?" atomic
+        self._complete = [True, True]  # per slot: the step sent there is complete
+        self._slots_in_flight: set[int] = set()
+        # step commands: [from a half][slot]; the whole env steps every sub-env of each worker
+        self._step_frames = {False: [_frame(_STEP + b"0"), _frame(_STEP + b"1")], True: [_frame(_STEP)] * 2}
         self._split = False
         self._order: collections.deque[VecEnv] = collections.deque()  # owners of the steps in flight
         self._seed: int | None = None
@@ -698,7 +722,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=_worker_loop,
-            args=(self._payload, start, stop, self._buffers, child),
+            args=(self._payload, worker, start, stop, self._buffers, self._lock, child),
             name=f"phalanx-worker-{worker}",
             daemon=True,
         )
@@ -712,45 +736,36 @@ class ProcessVecEnv(_GymnasiumAdapter):
         start, stop = self._rows(worker)
         return f"worker {worker} (pid {self._processes[worker].pid}, sub-envs {start}..{stop - 1})"
 
-    def _wait(self, workers: Any, what: str, restart: bool = True) -> None:
-        """Wait for every worker in ``workers`` to answer ``what``; handle the faults on the way."""
+    def _wait(self, workers: Any, what: str, restart: bool = True, slot: int | None = None) -> None:
+        """Wait for every worker in ``workers`` to answer ``what`` (start, reset) or, given ``slot``, for
+        the step sent to ``slot`` to complete; handle the faults on the way."""
         waiting = set(workers)
-        if what == "step":  # a restarted worker owes no answer to steps its predecessor was sent
-            for worker in list(waiting):
-                if self._owed[worker]:
-                    self._owed[worker] -= 1
-                    self._in_flight[worker] -= 1
-                    waiting.discard(worker)
         deadline = time.monotonic() + self.step_timeout
-        while waiting:
+        while waiting if slot is None else not self._complete[slot]:
             ready = _ready_workers(
                 {w: self._handles[w] for w in waiting}, max(deadline - time.monotonic(), 0.0)
             )
             if not ready:
-                for worker in sorted(waiting):
-                    if what == "step":
-                        self._in_flight[worker] -= 1
-                        self._owed[worker] = self._in_flight[worker]
+                hung = [w for w in sorted(waiting) if slot is None or self._progress[slot, w] == _PENDING]
+                for worker in hung:
                     self._fault(
                         worker,
                         f"no answer to {what} within step_timeout={self.step_timeout} s (hung); killed it",
                         restart,
                     )
-                return
+                return  # the hung workers are restarted (and excused from the step in flight)
             for worker, has_data in sorted(ready.items()):
-                conn = self._connections[worker]
-                waiting.discard(worker)
                 try:
-                    message = _recv_message(conn) if has_data else None
+                    message = _recv_message(self._connections[worker]) if has_data else None
                 except (EOFError, OSError):
                     message = None
                 if message == _OK:
-                    if what == "step":
-                        self._in_flight[worker] -= 1
+                    waiting.discard(worker)
                     continue
-                if what == "step":
-                    self._in_flight[worker] -= 1
-                    self._owed[worker] = self._in_flight[worker]
+                if message in _DONE:
+                    self._complete[_DONE.index(message)] = True
+                    continue
+                waiting.discard(worker)
                 if message is None:
                     self._processes[worker].join(timeout=1.0)
                     code = self._processes[worker].exitcode
@@ -771,12 +786,35 @@ class ProcessVecEnv(_GymnasiumAdapter):
                     ) from None
                 self._fault(worker, f"{summary} (raised{at} during {what})", restart, trace)
 
+    @contextlib.contextmanager
+    def _progress_locked(self) -> Any:
+        if not self._lock.acquire(timeout=self.step_timeout):  # only if a worker died holding it
+            self.close()
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}): a worker process ended while holding the lock "
+                "that orders the step notices, so this env cannot go on; it was closed. Create it again."
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _excuse(self, worker: int) -> None:
+        """``worker`` is dead: it will finish no step in flight; complete the steps it was the last of."""
+        with self._progress_locked():
+            for slot in self._slots_in_flight:
+                if self._progress[slot, worker] == _PENDING:
+                    self._progress[slot, worker] = _EXCUSED
+                if self._progress[slot].all():
+                    self._complete[slot] = True
+
     def _fault(self, worker: int, cause: str, restart: bool, trace: str = "") -> None:
         description = self._describe(worker)
         process = self._processes[worker]
         if process.is_alive():
             process.kill()
         process.join(timeout=1.0)
+        self._excuse(worker)
         self.restarts[worker] += 1
         if not restart or self.restarts[worker] > self.max_restarts:
             self.close()
@@ -820,11 +858,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
     def step_async(self, actions: Any) -> None:
         """Send ``actions`` to the workers and return at once; :meth:`step_wait` collects the results."""
         self._check_whole("step")
-        self._send_step(self._actions_numpy(actions), slice(None), _STEP, self)
+        self._send_step(self._actions_numpy(actions), slice(None), 0, self)
 
     def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         """The results of the step started by :meth:`step_async`."""
-        return self._receive_step(slice(None), self.episode_statistics, self)
+        return self._receive_step(slice(None), self.episode_statistics, 0, self)
 
     def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         self.step_async(actions)
@@ -882,18 +920,21 @@ class ProcessVecEnv(_GymnasiumAdapter):
             ]
         )
 
-    def _send_step(self, actions: np.ndarray, rows: Any, command: bytes, owner: VecEnv) -> None:
+    def _send_step(self, actions: np.ndarray, rows: Any, slot: int, owner: VecEnv) -> None:
+        """Step ``rows`` (the whole env, slot 0, or a half, slot = its group) with ``actions``."""
         if owner in self._order:
             raise EnvError(f"{owner!r}.step_async: a step is already in flight; call step_wait first.")
         self._order.append(owner)
         self._views["actions"][rows] = actions
-        frame = _frame(command)
-        for worker, conn in enumerate(self._connections):
+        self._progress[slot] = _PENDING  # no worker touches this slot before it reads the command
+        self._complete[slot] = False
+        self._slots_in_flight.add(slot)
+        frame = self._step_frames[owner is self][slot]
+        for conn in self._connections:
             _send_message(conn, frame)
-            self._in_flight[worker] += 1
 
     def _receive_step(
-        self, rows: Any, statistics: EpisodeStatistics, owner: VecEnv
+        self, rows: Any, statistics: EpisodeStatistics, slot: int, owner: VecEnv
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         if not self._order or self._order[0] is not owner:
             problem = (
@@ -905,7 +946,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
             )
             raise EnvError(f"{owner!r}.step_wait: {problem}.")
         self._order.popleft()
-        self._wait(range(self.num_workers), "step")
+        self._wait(range(self.num_workers), "step", slot=slot)
+        self._slots_in_flight.discard(slot)
         views = {key: self._views[key][rows] for key in _RESULTS}  # copies when rows is an index array
         faulted = self._fault_rows[rows]
         if faulted.any():  # restarted workers: end their episodes at the last good observation
@@ -933,6 +975,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
         """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
         self._check_open("render_frame")
         self._check_index(index)
+        if self._order:
+            raise EnvError(
+                f"{type(self).__name__}({self.env_id!r}).render_frame: a step is in flight; call "
+                "step_wait first."
+            )
         worker, local = divmod(index, self._per_worker)
         self._connections[worker].send(("render", local))
         return self._connections[worker].recv()
@@ -989,10 +1036,10 @@ class _ProcessHalf(VecEnv):
     def step_async(self, actions: Any) -> None:
         self.parent._check_open("step")
         actions = self.parent._actions_numpy(actions, self._action_shape)
-        self.parent._send_step(actions, self.rows, _STEP + str(self.group).encode(), self)
+        self.parent._send_step(actions, self.rows, self.group, self)
 
     def step_wait(self) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        return self.parent._receive_step(self.rows, self.episode_statistics, self)
+        return self.parent._receive_step(self.rows, self.episode_statistics, self.group, self)
 
     def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         self.step_async(actions)
