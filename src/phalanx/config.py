@@ -68,6 +68,13 @@ class TrainConfig:
     """How many times each worker process may be restarted after a crash or hang before the run stops."""
     worker_timeout: float = 60.0
     """Seconds a worker process may take for one step or reset before it counts as hung."""
+    pipeline: bool = False
+    """Off-policy algorithms: step the envs in a worker thread, with its own copy of the policy, while
+    the learner updates (same env steps and updates as the synchronous loop; see docs/parallelism.md)."""
+    pipeline_queue: int = 4
+    """With pipeline: VecEnv steps the worker may run ahead of the learner (the queue's bound)."""
+    sync_every: int = 1
+    """With pipeline: learner updates between copies of the policy's weights to the worker."""
     total_steps: int = 1_000_000
     """Training budget in environment steps, counted over all sub-environments."""
     seed: int = 0
@@ -150,6 +157,18 @@ class TrainConfig:
             "worker_timeout",
             self.worker_timeout,
             "a number of seconds > 0",
+        )
+        check(
+            _is_int(self.pipeline_queue) and self.pipeline_queue >= 1,
+            "pipeline_queue",
+            self.pipeline_queue,
+            "an integer >= 1: the worker needs room for at least one step ahead of the learner",
+        )
+        check(
+            _is_int(self.sync_every) and self.sync_every >= 1,
+            "sync_every",
+            self.sync_every,
+            "an integer >= 1 (updates between weight copies to the worker)",
         )
         check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")

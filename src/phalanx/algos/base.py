@@ -13,6 +13,7 @@ networks and optimisers and exposes:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -162,9 +163,31 @@ class OffPolicyAlgorithm(Algorithm):
 
     on_policy = False
     config: OffPolicyConfig
+    acting_modules: ClassVar[tuple[str, ...]] = ("actor",)
+    """The networks that :meth:`explore` reads (the pipeline's worker acts with copies of them)."""
 
     def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def acting_copy(self) -> OffPolicyAlgorithm:
+        """A copy that explores with its own copies of :attr:`acting_modules` and shares the rest.
+
+        The pipeline's worker thread acts with it while the learner updates the originals;
+        :meth:`acting_tensors` of both, copied one onto the other, refresh it.
+        """
+        clone = copy.copy(self)
+        for name in self.acting_modules:
+            setattr(clone, name, copy.deepcopy(getattr(self, name)))
+        return clone
+
+    def acting_tensors(self) -> list[torch.Tensor]:
+        """Parameters and buffers of :attr:`acting_modules`, in a fixed order."""
+        tensors: list[torch.Tensor] = []
+        for name in self.acting_modules:
+            module = getattr(self, name)
+            tensors += [tensor.data for tensor in module.parameters()]
+            tensors += list(module.buffers())
+        return tensors
 
     def random_actions(self, num_envs: int) -> torch.Tensor:
         """Uniform actions for the warm-up, in the normalised action space."""

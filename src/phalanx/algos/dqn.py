@@ -113,6 +113,7 @@ class QNetwork(nn.Module):
 class DQN(OffPolicyAlgorithm):
     name = "dqn"
     config_class = DQNConfig
+    acting_modules = ("q_network",)
     action_spaces = (gym.spaces.Discrete,)
     config: DQNConfig
 

@@ -568,9 +568,9 @@ class ProcessVecEnv(_GymnasiumAdapter):
     Worker ``w`` owns the contiguous sub-envs ``w * k .. (w + 1) * k - 1`` (``k = num_envs / num_workers``)
     and steps them one after another. Actions, observations, rewards and flags travel through shared
     memory: a step costs a one-byte message to each worker and one back from the last worker to
-    finish, never a pickled array. The results come back as tensors on ``device``, with the same conversions, seeding
-    (``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``) and same-step autoreset as
-    :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers.
+    finish, never a pickled array. The results come back as tensors on ``device``, with the same
+    conversions, seeding (``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``) and same-step autoreset
+    as :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers.
 
     Faults: a worker that raises, dies or does not answer within ``step_timeout`` seconds is restarted
     (its own fresh sub-envs, reset with new seeds when the env was seeded), and the step reports its

@@ -57,13 +57,14 @@ class RunLogger:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("steps"),
-                TextColumn("{task.fields[fps]} steps/s"),
+                TextColumn("{task.fields[fps]} env steps/s"),
+                TextColumn("{task.fields[ups]} updates/s"),
                 TextColumn("return {task.fields[ret]}"),
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=False,
             )
-            self.task = self.progress.add_task("train", total=total_steps, fps="-", ret="-")
+            self.task = self.progress.add_task("train", total=total_steps, fps="-", ups="-", ret="-")
             self.progress.start()
 
     def log(self, row: dict[str, Any]) -> None:
@@ -86,11 +87,12 @@ class RunLogger:
             recent = row.get("eval_return_mean") or row.get("episode_return_mean")
             if recent is not None:
                 self.last_return = f"{recent:.1f}"
-            fps = row.get("steps_per_second")
+            fps, ups = row.get("steps_per_second"), row.get("updates_per_second")
             self.progress.update(
                 self.task,
                 completed=min(int(row["steps"]), self.total_steps),
                 fps=f"{fps:,.0f}" if fps else "-",
+                ups=f"{ups:,.0f}" if ups is not None else "-",
                 ret=self.last_return,
             )
 
@@ -152,7 +154,7 @@ def _tensorboard_tag(key: str) -> str:
         return f"eval/{key[5:]}"
     if key.startswith("episode_"):
         return f"rollout/{key}"
-    if key in ("wall_time_s", "steps_per_second", "episodes", "updates"):
+    if key in ("wall_time_s", "steps_per_second", "updates_per_second", "episodes", "updates"):
         return f"time/{key}"
     return f"train/{key}"
 

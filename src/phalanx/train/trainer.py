@@ -1,12 +1,15 @@
 """train(config): environment -> worker -> learner -> evaluator, with logging, checkpoints and resume.
 
-The loop is synchronous: the worker collects a rollout, the learner updates on it, and every
-``eval_every`` steps the evaluator runs the deterministic policy; every step of it stays on the device
-except the scalars that are logged.
+By default the loop is synchronous: the worker collects a rollout (or one VecEnv step, off-policy),
+the learner updates on it, and every ``eval_every`` steps the evaluator runs the deterministic policy;
+every step of it stays on the device except the scalars that are logged. With ``pipeline`` (off-policy
+only) the worker steps the envs in its own thread and the loop consumes its steps
+(:mod:`phalanx.train.pipeline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -33,7 +36,8 @@ from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.learner import Learner
 from phalanx.train.logging import RunLogger, Stopwatch, plot_curve
-from phalanx.train.worker import Worker
+from phalanx.train.pipeline import Pipeline, Step
+from phalanx.train.worker import Transition, Worker
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -170,6 +174,14 @@ class Trainer:
         # Everything that can fail on bad input happens before the run directory is created; the envs
         # (and their worker processes) are closed if any of it fails.
         self.env = self.eval_env = None
+        self.pipeline: Pipeline | None = None
+        if config.pipeline and get_algorithm(config.algo).on_policy:
+            raise ConfigError(
+                f"pipeline = True is for the off-policy algorithms (dqn, ddpg, td3, sac, ...), but "
+                f"{config.algo} is on-policy: its update needs the rollout its own policy collected, so a "
+                "worker running ahead would bias it. Drop --pipeline; for on-policy runs, --overlap with "
+                "--num-workers overlaps the env and the policy instead."
+            )
         try:
             self._build(config, run_dir, show_progress)
         except BaseException:
@@ -279,10 +291,27 @@ class Trainer:
             self.buffer.load_state_dict(state["buffer"])
 
     def save(self) -> Path:
-        return self.checkpoints.save(self.steps, self.state_dict())
+        with self.pipeline_drained():
+            return self.checkpoints.save(self.steps, self.state_dict())
+
+    @contextlib.contextmanager
+    def pipeline_drained(self) -> Any:
+        """With a pipeline, a quiet state to save: the worker paused, every step it made consumed."""
+        if self.pipeline is None or not self.pipeline.alive:
+            yield
+            return
+        for step in self.pipeline.drain():
+            self.consume(step)
+        try:
+            yield
+        finally:
+            self.pipeline.resume()
 
     def close(self) -> None:
-        """Close the envs (and stop their worker processes); the run directory stays as it is."""
+        """Stop the pipeline's thread, close the envs (and their worker processes); the run directory
+        stays as it is."""
+        if self.pipeline is not None:
+            self.pipeline.stop()
         for env in (self.env, self.eval_env):
             if env is not None:
                 env.close()
@@ -294,10 +323,24 @@ class Trainer:
         self.stopwatch = Stopwatch(self.wall_offset)
         self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
+        if config.pipeline:
+            hp = config.hyperparameters
+            self.pipeline = Pipeline(
+                self.worker,
+                self.algorithm,
+                queue_size=config.pipeline_queue,
+                sync_every=config.sync_every,
+                steps=self.steps,
+                total_steps=config.total_steps,
+                learning_starts=hp.learning_starts,
+                updates=self.learner.updates,
+            )
+            iterate = self.pipelined_iteration
+        self.policy_lags: list[int] = []
         metrics: dict[str, Any] = {}
         reached = False
         try:
-            last_time, last_steps = self.stopwatch(), self.steps
+            last_time, last_steps, last_updates = self.stopwatch(), self.steps, self.learner.updates
             while self.steps < config.total_steps and not reached:
                 metrics = iterate() or metrics
 
@@ -309,17 +352,20 @@ class Trainer:
                     reached = self.reached_stop_return()
                 if self.steps >= self.next_log or row:
                     now = self.stopwatch()
+                    elapsed = max(now - last_time, 1e-9)
                     row = {
                         "steps": self.steps,
                         "wall_time_s": now,
-                        "steps_per_second": (self.steps - last_steps) / max(now - last_time, 1e-9),
+                        "steps_per_second": (self.steps - last_steps) / elapsed,
                         "updates": self.learner.updates,
+                        "updates_per_second": (self.learner.updates - last_updates) / elapsed,
                         **self.worker.episodes.read(),
+                        **self.read_policy_lag(),
                         **metrics,
                         **row,
                     }
                     self.logger.log(row)
-                    last_time, last_steps = now, self.steps
+                    last_time, last_steps, last_updates = now, self.steps, self.learner.updates
                     while self.next_log <= self.steps:
                         self.next_log += config.log_every
                 if self.steps >= self.next_checkpoint:
@@ -328,12 +374,16 @@ class Trainer:
                         self.next_checkpoint += config.checkpoint_every
         except KeyboardInterrupt:
             self.logger.close()
-            path = self.save()
+            path = self.save()  # a pipeline drains first: the steps its worker made are learned from
+            if self.pipeline is not None:
+                self.pipeline.stop()
             self.write_summary(interrupted=True)
             raise TrainingInterrupted(self.run_dir, self.steps, path) from None
         except BaseException as error:
             # Whatever stops the run, what it wrote stays: the logs, the checkpoints saved so far, and
             # a summary that names the error (no checkpoint of a state that may be corrupt, e.g. NaN).
+            if self.pipeline is not None:
+                self.pipeline.stop()
             self.logger.close()
             self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
@@ -345,6 +395,8 @@ class Trainer:
                 {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
             )
         self.save()
+        if self.pipeline is not None:
+            self.pipeline.stop()
         self.logger.close()
         plot_curve(self.run_dir, f"{config.algo.upper()} on {config.env}")
         summary = self.write_summary(interrupted=False)
@@ -361,8 +413,21 @@ class Trainer:
     def off_policy_iteration(self) -> dict[str, torch.Tensor]:
         """One step of every sub-env into the replay buffer, then num_envs * updates_per_step updates."""
         hp = self.config.hyperparameters
+        return self.learn_from(self.worker.transition(self.steps, random=self.steps < hp.learning_starts))
+
+    def pipelined_iteration(self) -> dict[str, torch.Tensor]:
+        """The same as :meth:`off_policy_iteration`, with the step made by the pipeline's worker thread."""
+        return self.consume(self.pipeline.next())
+
+    def consume(self, step: Step) -> dict[str, torch.Tensor]:
+        self.policy_lags.append(self.learner.updates - step.version)
+        return self.learn_from(step.transition)
+
+    def learn_from(self, transition: Transition) -> dict[str, torch.Tensor]:
+        """Store one VecEnv step, then make the updates it is owed (the update-to-data ratio)."""
+        hp = self.config.hyperparameters
         progress = min(self.steps / self.config.total_steps, 1.0)
-        self.worker.step(self.buffer, self.steps, random=self.steps < hp.learning_starts)
+        self.worker.store(self.buffer, transition)
         self.steps += self.config.num_envs
         if len(self.buffer) < self.update_threshold:
             return {}
@@ -374,14 +439,24 @@ class Trainer:
         metrics: dict[str, torch.Tensor] = {}
         for _ in range(updates):
             metrics = self.learner.update(progress)
+            if self.pipeline is not None:
+                self.pipeline.after_update(self.learner.updates)
         return metrics
+
+    def read_policy_lag(self) -> dict[str, float]:
+        """Pipeline: mean and max policy lag (in updates) of the steps consumed since the last read."""
+        if not self.policy_lags:
+            return {}
+        lags, self.policy_lags = self.policy_lags, []
+        return {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
 
     def evaluate(self) -> dict[str, float]:
         evaluation = self.evaluator.evaluate(self.algorithm)
         self.last_evaluation = evaluation
         self.last_evaluation_step = self.steps
         if self.evaluator.is_best(evaluation):
-            self.checkpoints.save_best(self.state_dict())
+            with self.pipeline_drained():
+                self.checkpoints.save_best(self.state_dict())
         return {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
 
     def reached_stop_return(self) -> bool:
@@ -496,7 +571,17 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
 
 def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
     # Settings that change how fast a run goes, not what it computes, may differ on resume.
-    ignored = {"total_steps", "run_dir", "num_workers", "worker_restarts", "worker_timeout", "torch_threads"}
+    ignored = {
+        "total_steps",
+        "run_dir",
+        "num_workers",
+        "worker_restarts",
+        "worker_timeout",
+        "torch_threads",
+        "pipeline",
+        "pipeline_queue",
+        "sync_every",
+    }
     a, b = saved.to_dict(), current.to_dict()
     differences = [
         (k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
+
+
+class Transition(NamedTuple):
+    """One VecEnv step of N sub-envs, as the replay buffer takes it (the first six fields, in order)."""
+
+    obs: torch.Tensor  # (N, *obs_shape)
+    actions: torch.Tensor  # (N, *action_shape)
+    rewards: torch.Tensor  # (N,)
+    next_obs: torch.Tensor  # (N, *obs_shape): final_obs, the true next observation of every row
+    terminated: torch.Tensor  # (N,)
+    truncated: torch.Tensor  # (N,)
+    episode_return: torch.Tensor  # (N,), valid where the episode ended
+    episode_length: torch.Tensor  # (N,)
 
 
 class EpisodeLog:
@@ -125,26 +138,51 @@ class Worker:
 
     def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
+        self.store(replay, self.transition(steps, random))
+
+    def transition(self, steps: int, random: bool, policy: Any | None = None) -> Transition:
+        """One step of every sub-env, acted on by ``policy`` (default: the algorithm); not yet stored.
+
+        The pipeline calls this from its worker thread with its own copy of the policy, and the
+        learner's thread stores the result.
+        """
         if self.obs is None:
             raise RuntimeError("Worker.step called before Worker.reset")
+        policy = self.algorithm if policy is None else policy
         if random:
-            actions = self.algorithm.random_actions(self.env.num_envs)
+            actions = policy.random_actions(self.env.num_envs)
             result = self.env.step(actions)
         elif self.halves is not None:  # the second half's actions are computed while the first steps
             first, second = self.halves
-            first_actions = self.algorithm.explore(self.obs[: first.num_envs], steps)
+            first_actions = policy.explore(self.obs[: first.num_envs], steps)
             first.step_async(first_actions)
-            second_actions = self.algorithm.explore(self.obs[first.num_envs :], steps)
+            second_actions = policy.explore(self.obs[first.num_envs :], steps)
             second.step_async(second_actions)
             actions = torch.cat([first_actions, second_actions])
             result = concat_transitions([first.step_wait(), second.step_wait()])
         else:
-            actions = self.algorithm.explore(self.obs, steps)
+            actions = policy.explore(self.obs, steps)
             result = self.env.step(actions)
         next_obs, rewards, terminated, truncated, info = result
-        replay.add(self.obs, actions, rewards, info["final_obs"], terminated, truncated)
-        self.episodes.record(info["episode_return"], info["episode_length"], terminated | truncated)
+        transition = Transition(
+            self.obs,
+            actions,
+            rewards,
+            info["final_obs"],
+            terminated,
+            truncated,
+            info["episode_return"],
+            info["episode_length"],
+        )
         self.obs = next_obs
+        return transition
+
+    def store(self, replay: ReplayBuffer, transition: Transition) -> None:
+        """Add ``transition`` to ``replay`` and its finished episodes to the episode log."""
+        replay.add(*transition[:6])
+        self.episodes.record(
+            transition.episode_return, transition.episode_length, transition.terminated | transition.truncated
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"obs": self.obs}
