@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README_BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 ENV_GUIDE = ROOT / "docs" / "environments.md"
 ENV_GUIDE_BLOCKS = re.findall(r"```python\n(.*?)```", ENV_GUIDE.read_text(), flags=re.S)
+PARALLELISM_GUIDE = ROOT / "docs" / "parallelism.md"
+PARALLELISM_BLOCKS = re.findall(r"```python\n(.*?)```", PARALLELISM_GUIDE.read_text(), flags=re.S)
 CONTINUES = "# (continues the block above)"
 
 
@@ -96,6 +98,17 @@ def test_environment_guide_python_block_runs(index, tmp_path, monkeypatch):
         assert result.returncode == 0, f"{file_name[0]} failed:\n{result.stdout}\n{result.stderr}"
         return
     exec(compile(code, f"docs/environments.md python block {index}", "exec"), {"__name__": "__main__"})
+
+
+@pytest.mark.parametrize("index", range(len(PARALLELISM_BLOCKS)))
+def test_parallelism_guide_python_block_runs(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # runs/ goes to a temporary directory
+    code = PARALLELISM_BLOCKS[index]
+    exec(compile(code, f"docs/parallelism.md python block {index}", "exec"), {"__name__": "__main__"})
+
+
+def test_readme_links_the_parallelism_guide():
+    assert PARALLELISM_BLOCKS and "docs/parallelism.md" in (ROOT / "README.md").read_text()
 
 
 def test_custom_vec_env_example_trains_and_deploys(tmp_path, monkeypatch):
