@@ -378,22 +378,22 @@ def _recv_message(conn: Any) -> bytes:
     if not _RAW_PIPES:
         return conn.recv_bytes()
     fd = conn.fileno()
-    data = os.read(fd, _HEADER.size + 1)  # every message has at least one byte: often the whole frame
-    while len(data) < _HEADER.size:
-        more = os.read(fd, _HEADER.size - len(data))
-        if not more:
-            raise EOFError("the pipe was closed")
-        data += more
+    # every message has at least one byte, so this first read often holds the whole frame
+    data = _read_until(fd, os.read(fd, _HEADER.size + 1), _HEADER.size)
     (size,) = _HEADER.unpack(data[: _HEADER.size])
     if size < 0:  # > 2 GiB: Connection's long form; never a step message
         raise OSError(f"unexpected message of {size} bytes on a worker pipe")
-    body = data[_HEADER.size :]
-    while len(body) < size:
-        more = os.read(fd, size - len(body))
+    return _read_until(fd, data[_HEADER.size :], size)
+
+
+def _read_until(fd: int, data: bytes, size: int) -> bytes:
+    """``data`` followed by reads from ``fd`` until it holds at least ``size`` bytes."""
+    while len(data) < size:
+        more = os.read(fd, size - len(data))
         if not more:
             raise EOFError("the pipe was closed")
-        body += more
-    return body
+        data += more
+    return data
 
 
 def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:

@@ -308,16 +308,21 @@ class Trainer:
             self.pipeline.resume()
 
     def close(self) -> None:
-        """Stop the pipeline's thread, close the envs (and their worker processes); the run directory
-        stays as it is."""
-        if self.pipeline is not None:
-            self.pipeline.stop()
+        """Close the envs (and stop their worker processes); the run directory stays as it is."""
         for env in (self.env, self.eval_env):
             if env is not None:
                 env.close()
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> TrainResult:
+        """Train to ``total_steps`` (or ``stop_return``); a pipeline's worker thread ends with the loop."""
+        try:
+            return self._train()
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.stop()
+
+    def _train(self) -> TrainResult:
         config = self.config
         save_yaml(config, self.run_dir / "config.yaml")
         self.stopwatch = Stopwatch(self.wall_offset)
@@ -375,15 +380,11 @@ class Trainer:
         except KeyboardInterrupt:
             self.logger.close()
             path = self.save()  # a pipeline drains first: the steps its worker made are learned from
-            if self.pipeline is not None:
-                self.pipeline.stop()
             self.write_summary(interrupted=True)
             raise TrainingInterrupted(self.run_dir, self.steps, path) from None
         except BaseException as error:
             # Whatever stops the run, what it wrote stays: the logs, the checkpoints saved so far, and
             # a summary that names the error (no checkpoint of a state that may be corrupt, e.g. NaN).
-            if self.pipeline is not None:
-                self.pipeline.stop()
             self.logger.close()
             self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
@@ -395,8 +396,6 @@ class Trainer:
                 {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
             )
         self.save()
-        if self.pipeline is not None:
-            self.pipeline.stop()
         self.logger.close()
         plot_curve(self.run_dir, f"{config.algo.upper()} on {config.env}")
         summary = self.write_summary(interrupted=False)

@@ -147,7 +147,7 @@ class Worker:
         learner's thread stores the result.
         """
         if self.obs is None:
-            raise RuntimeError("Worker.step called before Worker.reset")
+            raise RuntimeError("Worker.step (or transition) called before Worker.reset")
         policy = self.algorithm if policy is None else policy
         if random:
             actions = policy.random_actions(self.env.num_envs)
