@@ -86,3 +86,27 @@ def different_spaces() -> gym.Env:
     """Each call in a process builds an env with one more observation dimension than the last."""
     _calls["count"] += 1
     return FaultyEnv(obs_dim=_calls["count"] + (os.getpid() % 7))
+
+
+def failing_pendulum(
+    num_envs: int, device: Any, mode: str = "raise", rank: int = 1, after: int = 20, **kwargs: Any
+) -> Any:
+    """phalanx's Pendulum whose ``step`` raises (or hangs) after ``after`` steps in learner ``rank`` of a
+    data-parallel group; a factory for ``phalanx.envs.register_env`` (importable by spawned learners)."""
+    import torch.distributed as dist
+
+    from phalanx.envs import make_env
+    from phalanx.envs.wrappers import VecEnvWrapper
+
+    class FailingLearnerEnv(VecEnvWrapper):
+        steps = 0
+
+        def step(self, actions):
+            self.steps += 1
+            if dist.is_initialized() and dist.get_rank() == rank and self.steps > after:
+                if mode == "hang":
+                    time.sleep(3600)
+                raise RuntimeError(f"injected fault in learner {rank}")
+            return self.env.step(actions)
+
+    return FailingLearnerEnv(make_env("Pendulum-v1", num_envs=num_envs, device=device, **kwargs))

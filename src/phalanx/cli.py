@@ -12,7 +12,7 @@ import inspect
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,7 +26,8 @@ USAGE = """usage: phalanx COMMAND ...
 
 commands:
   train ALGO ENV [--num-envs N] [--total-steps N] [--seed S] [--device D] [--run-dir DIR]
-                 [--stop-return R] [--config FILE] [--<hyperparameter> VALUE ...]
+                 [--stop-return R] [--num-workers N] [--pipeline] [--learners N]
+                 [--config FILE] [--<hyperparameter> VALUE ...]
                                    train an agent (phalanx train ALGO ENV --help lists every flag)
   eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
                                    evaluate a trained agent with its deterministic policy
@@ -94,6 +95,11 @@ def cli_config_class(algorithm: Any) -> type:
                 algorithm.config_class,
                 dataclasses.field(default_factory=algorithm.config_class),
             ),
+            (  # --learners N is the short form the docs use
+                "num_learners",
+                Annotated[int, tyro.conf.arg(aliases=("--learners",))],
+                dataclasses.field(default=1),
+            ),
         ],
         bases=(TrainConfig,),
     )
@@ -154,18 +160,18 @@ def parse_train_args(argv: list[str]) -> Any:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from phalanx.train.trainer import Trainer, TrainingInterrupted
+    from phalanx.train.trainer import TrainingInterrupted, train
 
     config = parse_train_args(argv)
-    trainer = Trainer(config)
-    console.print(f"run directory: [bold]{trainer.run_dir}[/]", highlight=False)
     try:
-        result = trainer.train()
+        result = train(
+            config, on_run_dir=lambda path: console.print(f"run directory: [bold]{path}[/]", highlight=False)
+        )
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
-    finally:
-        trainer.close()
+    if not result.summary:  # a learner other than learner 0 under torchrun: learner 0 reports
+        return 0
     return 0 if config.stop_return is None or result.summary["time_to_stop_return_s"] is not None else 1
 
 

@@ -75,6 +75,12 @@ class TrainConfig:
     """With pipeline: VecEnv steps the worker may run ahead of the learner (the queue's bound)."""
     sync_every: int = 1
     """With pipeline: learner updates between copies of the policy's weights to the worker."""
+    num_learners: int = 1
+    """Data-parallel learners (processes in a torch.distributed group, gloo on CPU, NCCL on CUDA), each
+    with its own num_envs sub-envs; gradients are averaged over them (see docs/parallelism.md)."""
+    learner_timeout: float = 300.0
+    """With num_learners > 1: seconds a learner waits for the others at a collective before the group
+    is taken down (it covers the evaluations and checkpoints learner 0 makes alone)."""
     total_steps: int = 1_000_000
     """Training budget in environment steps, counted over all sub-environments."""
     seed: int = 0
@@ -170,6 +176,25 @@ class TrainConfig:
             self.sync_every,
             "an integer >= 1 (updates between weight copies to the worker)",
         )
+        check(
+            _is_int(self.num_learners) and self.num_learners >= 1,
+            "num_learners",
+            self.num_learners,
+            "an integer >= 1 (1: one learner in this process)",
+        )
+        check(
+            isinstance(self.learner_timeout, (int, float)) and self.learner_timeout > 0,
+            "learner_timeout",
+            self.learner_timeout,
+            "a number of seconds > 0",
+        )
+        if self.num_learners > 1 and self.pipeline and (self.normalize_obs or self.normalize_reward):
+            raise ConfigError(
+                "pipeline with num_learners > 1 cannot normalise observations or rewards: the learners "
+                "merge their running statistics at every step, while a pipeline's worker thread updates "
+                "them between steps. Drop --normalize-obs / --normalize-reward, --pipeline, or use "
+                "--learners 1."
+            )
         check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
         check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")

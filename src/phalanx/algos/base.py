@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
@@ -23,6 +23,13 @@ from torch import nn
 
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.errors import ConfigError
+
+
+class GradientGroup(Protocol):
+    """What an algorithm needs of a data-parallel group of learners (``phalanx.train.learner``)."""
+
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Replace each tensor, in place, by its mean over the learners (identical on every learner)."""
 
 
 class Algorithm:
@@ -43,6 +50,8 @@ class Algorithm:
         self.observation_space = observation_space
         self.action_space = action_space
         self.device = torch.device(device)
+        self.group: GradientGroup | None = None
+        """Set by a data-parallel group of learners: gradients are averaged over it before each step."""
 
     @classmethod
     def check_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -60,6 +69,17 @@ class Algorithm:
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         raise NotImplementedError
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
+        """Step ``optimizer`` on the gradients its parameters hold: first averaged over the learners of a
+        data-parallel group (if any), then clipped to ``max_grad_norm`` (if given), as one learner with
+        the learners' batches together would clip them."""
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if self.group is not None:
+            self.group.average([p.grad for p in parameters])
+        if max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+        optimizer.step()
 
     def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]:
         raise NotImplementedError

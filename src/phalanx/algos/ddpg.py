@@ -146,7 +146,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         critic_loss = (q_values - targets).pow(2).mean(dim=1).sum()
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
-        self.critic_optimizer.step()
+        self.optimizer_step(self.critic_optimizer)
         self.updates += 1
 
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_values.detach().mean()}
@@ -155,7 +155,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             actor_loss, actor_metrics = self.actor_loss(batch.obs)
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
-            self.actor_optimizer.step()
+            self.optimizer_step(self.actor_optimizer)
             self.set_critic_grad(True)
             self.after_actor_step(actor_metrics)
             self.update_targets()

@@ -166,9 +166,7 @@ class DQN(OffPolicyAlgorithm):
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if config.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.q_parameters, config.max_grad_norm)
-        self.optimizer.step()
+        self.optimizer_step(self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.q_polyak.update(config.tau)

@@ -19,7 +19,6 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from torch import nn
 
 from phalanx.algos.base import Algorithm, make_adam
 from phalanx.buffers import RolloutBuffer, compute_gae
@@ -217,9 +216,7 @@ class PPO(Algorithm):
 
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if config.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(self.parameters, config.max_grad_norm)
-                self.optimizer.step()
+                self.optimizer_step(self.optimizer, config.max_grad_norm)
 
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - log_ratio).mean()  # unbiased KL estimator (Schulman)
@@ -277,7 +274,12 @@ class PPO(Algorithm):
 
     def stop_early(self, approx_kl: torch.Tensor) -> bool:
         target = self.config.target_kl
-        return target is not None and bool(approx_kl > target)  # one host sync per epoch, only if set
+        if target is None:
+            return False
+        if self.group is not None:  # every learner must stop after the same epoch: decide on the mean
+            approx_kl = approx_kl.reshape(1).clone()
+            self.group.average([approx_kl])
+        return bool(approx_kl > target)  # one host sync per epoch, only if target_kl is set
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class SAC(EnsembleCriticAlgorithm):
             # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:
             # the same step as autograd's, without a backward pass for one scalar.
             self.log_alpha.grad = -(log_probs.mean() + self.target_entropy)
-            self.alpha_optimizer.step()
+            self.optimizer_step(self.alpha_optimizer)
         actor_metrics["alpha"] = self.alpha
 
     def state_dict(self) -> dict[str, Any]:

@@ -83,6 +83,11 @@ def unregister_env(env_id: str) -> None:
     _REGISTERED.pop(env_id, None)
 
 
+def registered_factories() -> dict[str, VecEnvFactory]:
+    """The ids added with :func:`register_env` and their factories (to register them in another process)."""
+    return dict(_REGISTERED)
+
+
 def list_envs() -> dict[str, list[str]]:
     """Every id :func:`make_env` accepts: ``{"builtin": [...], "registered": [...], "gymnasium": [...]}``."""
     return {

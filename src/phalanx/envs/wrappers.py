@@ -239,17 +239,16 @@ class RunningMeanStd:
                 "Statistics are per feature; pass one row per sample."
             )
         batch = batch.to(self.dtype)
-        batch_count = batch.shape[0]
-        batch_mean = batch.mean(dim=0)
-        batch_var = batch.var(dim=0, unbiased=False)
-        total = self.count + batch_count
-        delta = batch_mean - self.mean
-        m2 = (
-            self.var * self.count
-            + batch_var * batch_count
-            + delta.square() * self.count * batch_count / total
-        )
-        self.mean = self.mean + delta * (batch_count / total)
+        self.merge(batch.shape[0], batch.mean(dim=0), batch.var(dim=0, unbiased=False))
+
+    def merge(self, count: float | Tensor, mean: Tensor, var: Tensor) -> None:
+        """Merge the statistics of ``count`` samples with mean ``mean`` and population variance ``var``."""
+        if not count:
+            return
+        total = self.count + count
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * count + delta.square() * self.count * count / total
+        self.mean = self.mean + delta * (count / total)
         self.var = m2 / total
         self.count = total
 

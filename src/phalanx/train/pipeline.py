@@ -79,6 +79,8 @@ class Pipeline:
         total_steps: the worker stops once it has made this many env steps.
         learning_starts: env steps made with uniformly random actions before the policy acts.
         updates: learner updates made so far (the version of the weights at the start).
+        steps_per_transition: env steps one VecEnv step counts for (default ``num_envs``; a learner
+            of a group counts the steps of every learner's shard).
     """
 
     def __init__(
@@ -91,8 +93,10 @@ class Pipeline:
         total_steps: int,
         learning_starts: int,
         updates: int,
+        steps_per_transition: int | None = None,
     ) -> None:
         self.worker = worker
+        self.steps_per_transition = steps_per_transition or worker.env.num_envs
         self.algorithm = algorithm
         self.sync_every = sync_every
         self.total_steps = total_steps
@@ -109,6 +113,8 @@ class Pipeline:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._pause = threading.Event()
+        self._pause_at = 0  # with _pause set, the worker pauses once it has made this many env steps
+        self._drain_id = self._served = 0  # drains asked for / answered with _PAUSED
         self._running = threading.Event()  # cleared while paused
         self._running.set()
         self._finished = False
@@ -123,9 +129,12 @@ class Pipeline:
         try:
             with context:
                 while self.produced < self.total_steps and not self._stop.is_set():
-                    if self._pause.is_set():
-                        self._put(_PAUSED)
-                        self._running.wait()
+                    if self._pause.is_set() and self.produced >= self._pause_at:
+                        if self._served != self._drain_id:  # tell the learner once per drain
+                            self._running.clear()  # before the learner can see _PAUSED and resume
+                            self._put(_PAUSED)
+                            self._served = self._drain_id
+                        self._running.wait(_POLL_S)
                         continue
                     self._take_fresh_weights()
                     transition = self.worker.transition(
@@ -135,7 +144,7 @@ class Pipeline:
                     if stream is not None:
                         ready = torch.cuda.Event()
                         ready.record(stream)
-                    self.produced += self.worker.env.num_envs
+                    self.produced += self.steps_per_transition
                     self._put(Step(transition, self._acting_version, ready))
             self._put(_FINISHED)
         except BaseException as error:  # noqa: BLE001 - reported to the learner's thread
@@ -206,12 +215,15 @@ class Pipeline:
                 self._spare_ready = torch.cuda.Event()
                 self._spare_ready.record(torch.cuda.current_stream())
 
-    def drain(self) -> list[Step]:
-        """Pause the worker between two steps; every step it made and the learner has not taken."""
+    def drain(self, until: int = 0) -> list[Step]:
+        """Pause the worker between two steps, once it has made ``until`` env steps (0: at once); every
+        step it made and the learner has not taken."""
         if self._finished or not self._thread.is_alive() and self._queue.empty():
             return []
-        self._running.clear()
+        self._pause_at = until
+        self._drain_id += 1
         self._pause.set()
+        self._running.set()  # a worker paused by an earlier drain wakes to answer this one
         steps: list[Step] = []
         while True:
             item = self._get()

@@ -4,7 +4,10 @@ By default the loop is synchronous: the worker collects a rollout (or one VecEnv
 the learner updates on it, and every ``eval_every`` steps the evaluator runs the deterministic policy;
 every step of it stays on the device except the scalars that are logged. With ``pipeline`` (off-policy
 only) the worker steps the envs in its own thread and the loop consumes its steps
-(:mod:`phalanx.train.pipeline`).
+(:mod:`phalanx.train.pipeline`). With ``num_learners > 1`` the loop runs in every learner of a
+data-parallel group (:mod:`phalanx.train.learner`), each on its own env shard, in lockstep: ``steps``
+counts the env steps of all the learners, learner 0 evaluates, logs and checkpoints, and the learners
+agree after every iteration whether to stop.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import datetime as dt
 import json
 import math
 import os
+import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,18 +33,27 @@ from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.config import TrainConfig, load_yaml, save_yaml
 from phalanx.envs.core import ConcatVecEnv, VecEnv, as_device
-from phalanx.envs.registry import make_env
+from phalanx.envs.registry import make_env, registered_factories
 from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import NanGuard, NormalizeObservation, RescaleAction, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, Evaluator
-from phalanx.train.learner import Learner
+from phalanx.train.learner import (
+    Learner,
+    LearnerGroup,
+    StatisticsSync,
+    check_learners,
+    join_launched_group,
+    launch_learners,
+    launched_by_torchrun,
+)
 from phalanx.train.logging import RunLogger, Stopwatch, plot_curve
 from phalanx.train.pipeline import Pipeline, Step
 from phalanx.train.worker import Transition, Worker
 
 EVAL_SEED_OFFSET = 1_000_003
+_REACHED, _INTERRUPTED = 1, 2  # what the learners of a group agree on after every iteration
 
 
 @dataclass
@@ -161,12 +175,24 @@ def create_run_dir(config: TrainConfig) -> Path:
 
 # -- the trainer --------------------------------------------------------------------------------
 class Trainer:
-    """Owns one run: its envs, algorithm, worker, learner, evaluator, logger and checkpoints."""
+    """Owns one run: its envs, algorithm, worker, learner, evaluator, logger and checkpoints.
 
-    def __init__(self, config: TrainConfig, run_dir: Path | None = None, show_progress: bool = True) -> None:
+    In a data-parallel ``group`` it is one learner's share of the run: its own env shard, worker,
+    buffer and pipeline; only learner 0 has the evaluator, the logger and the run directory's files.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path | None = None,
+        show_progress: bool = True,
+        group: LearnerGroup | None = None,
+    ) -> None:
         config.validate()
         config = self.config = dataclasses.replace(config)  # the caller's config stays as it was
-        self.device = as_device(config.device)
+        self.group = group
+        self.is_main = group is None or group.is_main
+        self.device = group.device if group is not None else as_device(config.device)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
@@ -175,6 +201,12 @@ class Trainer:
         # (and their worker processes) are closed if any of it fails.
         self.env = self.eval_env = None
         self.pipeline: Pipeline | None = None
+        if group is None and config.num_learners > 1:
+            raise ConfigError(
+                f"num_learners = {config.num_learners}: a Trainer is one learner. Start the group with "
+                "phalanx.train(config) or `phalanx train ... --learners N`, which launch one process per "
+                "learner (or with torchrun, see docs/parallelism.md)."
+            )
         if config.pipeline and get_algorithm(config.algo).on_policy:
             raise ConfigError(
                 f"pipeline = True is for the off-policy algorithms (dqn, ddpg, td3, sac, ...), but "
@@ -189,21 +221,36 @@ class Trainer:
             raise
 
     def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
+        group = self.group
+        world = group.world_size if group is not None else 1
+        rank = group.rank if group is not None else 0
         self.env = build_env(config, config.num_envs, training=True)
         algorithm_class = get_algorithm(config.algo)
         raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
         algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
         self.obs_statistics = normalizer.statistics if normalizer is not None else None
-        self.eval_env = build_env(
-            config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics
-        )
+        if self.is_main:
+            self.eval_env = build_env(
+                config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics
+            )
         self.algorithm: Algorithm = algorithm_class(
             config.hyperparameters,
             self.env.single_observation_space,
             self.env.single_action_space,
             self.device,
         )
+        self.statistics_syncs: list[StatisticsSync] = []
+        if group is not None:
+            # The same initial weights everywhere (learner 0's), then each learner its own samples.
+            self.algorithm.load_state_dict(group.broadcast(self.algorithm.state_dict()))
+            self.algorithm.group = group
+            torch.manual_seed(config.seed + rank)
+            scaler = find_wrapper(self.env, ScaleReward)
+            for statistics in (self.obs_statistics, scaler.statistics if scaler is not None else None):
+                if statistics is not None:
+                    self.statistics_syncs.append(StatisticsSync(group, statistics))
+        self.step_size = config.num_envs * world  # env steps of one VecEnv step of every learner
         # The env's own action bounds, so that a deployed agent maps [-1, 1] back to them.
         self.spaces = space_spec(self.env.single_observation_space, raw_env.single_action_space)
         hp = config.hyperparameters
@@ -219,17 +266,23 @@ class Trainer:
             )
         else:
             self.buffer = ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
-            # Updates start once the buffer holds the warm-up (and enough steps for n-step returns).
-            self.update_threshold = max(hp.learning_starts, config.num_envs * hp.n_step)
+            # Updates start once the buffer holds the warm-up (and enough steps for n-step returns); a
+            # learner of a group holds its share of the warm-up.
+            self.update_threshold = max(math.ceil(hp.learning_starts / world), config.num_envs * hp.n_step)
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
-        self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
+        self.evaluator = None
+        if self.is_main:
+            self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
 
-        self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
+        if self.is_main:
+            self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
+        if group is not None:
+            self.run_dir = Path(group.broadcast(str(self.run_dir) if self.is_main else None))
         self.config.run_dir = str(self.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, keep=config.keep_checkpoints)
-        self.show_progress = show_progress
+        self.show_progress = show_progress and self.is_main
 
         self.steps = 0
         self.wall_offset = 0.0
@@ -239,21 +292,36 @@ class Trainer:
         self.next_eval = config.eval_every if config.eval_every else math.inf
         self.next_checkpoint = config.checkpoint_every if config.checkpoint_every else math.inf
         self.next_log = 0
-        self.worker.reset(seed=config.seed)
+        self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
+        self.sync_statistics()
+
+    def sync_statistics(self) -> None:
+        """In a group: merge every learner's new observation and reward statistics (the same bits on all)."""
+        for sync in self.statistics_syncs:
+            sync()
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        return {**self.agent_state(), **self.shard_state()}
+
+    def shard_state(self) -> dict[str, Any]:
+        """What is this learner's own: its envs, the worker's last observations, the RNG, the buffer."""
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        state = {
+        shard = {"env": self.env.state_dict(), "worker": self.worker.state_dict(), "rng": rng}
+        if self.config.save_buffer:
+            shard["buffer"] = self.buffer.state_dict()
+        return shard
+
+    def agent_state(self) -> dict[str, Any]:
+        """What every learner has the same of: the config, the agent (weights, optimisers, observation
+        statistics) and the run's progress; enough to deploy the agent (``phalanx eval``)."""
+        return {
             "config": self.config.to_dict(),
             "spaces": self.spaces,
             "algorithm": self.algorithm.state_dict(),
-            "env": self.env.state_dict(),
             "obs_statistics": self.obs_statistics.state_dict() if self.obs_statistics is not None else None,
-            "worker": self.worker.state_dict(),
-            "rng": rng,
             "progress": {
                 "steps": self.steps,
                 "updates": self.learner.updates,
@@ -266,9 +334,6 @@ class Trainer:
                 "updates_owed": self.updates_owed,
             },
         }
-        if self.config.save_buffer:
-            state["buffer"] = self.buffer.state_dict()
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
@@ -281,7 +346,8 @@ class Trainer:
         self.steps = progress["steps"]
         self.learner.updates = progress["updates"]
         self.wall_offset = progress["wall_time_s"]
-        self.evaluator.best_return = progress["best_eval_return"]
+        if self.evaluator is not None:
+            self.evaluator.best_return = progress["best_eval_return"]
         self.time_to_stop_return = progress["time_to_stop_return_s"]
         self.next_eval = progress["next_eval"]
         self.next_checkpoint = progress["next_checkpoint"]
@@ -289,18 +355,53 @@ class Trainer:
         self.updates_owed = progress["updates_owed"]
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
+        for sync in self.statistics_syncs:
+            sync.rebase()
 
-    def save(self) -> Path:
+    def load_checkpoint(self, path: Path | None) -> None:
+        """Resume from ``path`` (a step checkpoint); in a group, learner 0 reads it (``path`` is None on
+        the others) and sends each learner the agent with that learner's own shard."""
+        if self.group is None:
+            self.load_state_dict(load_checkpoint(path, map_location=self.device))
+            return
+        states = None
+        if self.is_main:
+            state = load_checkpoint(path, map_location="cpu")
+            shards = [{}] + state.pop("learner_shards", [])
+            if len(shards) != self.group.world_size:
+                raise CheckpointError(
+                    f"checkpoint {path} holds the shards of {len(shards)} learner(s), but this group has "
+                    f"{self.group.world_size}. Resume with --learners {len(shards)}."
+                )
+            states = [{**state, **shard} for shard in shards]
+        self.load_state_dict(_to_device(self.group.scatter(states), self.device))
+
+    def save(self) -> Path | None:
+        """Checkpoint the run (learner 0 writes it, with every learner's shard); returns its path."""
         with self.pipeline_drained():
-            return self.checkpoints.save(self.steps, self.state_dict())
+            if self.group is None:
+                return self.checkpoints.save(self.steps, self.state_dict())
+            shards = self.group.gather(self.shard_state())
+            if not self.is_main:
+                return None
+            return self.checkpoints.save(self.steps, {**self.state_dict(), "learner_shards": shards[1:]})
 
     @contextlib.contextmanager
     def pipeline_drained(self) -> Any:
-        """With a pipeline, a quiet state to save: the worker paused, every step it made consumed."""
+        """With a pipeline, a quiet state to save: the worker paused, every step it made consumed.
+
+        In a group every learner drains to the same env step (the furthest any worker got), so that
+        they all make the same updates; every learner must call it at the same point of the loop.
+        """
         if self.pipeline is None or not self.pipeline.alive:
             yield
             return
-        for step in self.pipeline.drain():
+        steps = self.pipeline.drain()
+        if self.group is not None:
+            furthest = self.group.maximum(self.pipeline.produced)
+            if self.pipeline.produced < furthest:
+                steps += self.pipeline.drain(until=furthest)
+        for step in steps:
             self.consume(step)
         try:
             yield
@@ -308,7 +409,9 @@ class Trainer:
             self.pipeline.resume()
 
     def close(self) -> None:
-        """Close the envs (and stop their worker processes); the run directory stays as it is."""
+        """Close the envs (and stop their worker processes); the run directory stays as it is.
+
+        In a group the learners may close at different times: nothing here waits for the others."""
         for env in (self.env, self.eval_env):
             if env is not None:
                 env.close()
@@ -324,9 +427,10 @@ class Trainer:
 
     def _train(self) -> TrainResult:
         config = self.config
-        save_yaml(config, self.run_dir / "config.yaml")
         self.stopwatch = Stopwatch(self.wall_offset)
-        self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
+        if self.is_main:
+            save_yaml(config, self.run_dir / "config.yaml")
+            self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
         if config.pipeline:
             hp = config.hyperparameters
@@ -339,6 +443,7 @@ class Trainer:
                 total_steps=config.total_steps,
                 learning_starts=hp.learning_starts,
                 updates=self.learner.updates,
+                steps_per_transition=self.step_size,
             )
             iterate = self.pipelined_iteration
         self.policy_lags: list[int] = []
@@ -353,9 +458,20 @@ class Trainer:
                 if self.steps >= self.next_eval:
                     while self.next_eval <= self.steps:
                         self.next_eval += config.eval_every
-                    row.update(self.evaluate())
-                    reached = self.reached_stop_return()
-                if self.steps >= self.next_log or row:
+                    if self.is_main:
+                        row.update(self.evaluate())
+                        reached = self.reached_stop_return()
+                if self.group is not None:  # every learner stops at the same step, or none does
+                    self.sync_statistics()
+                    interrupted = self.group.interrupted.is_set()
+                    verdict = self.group.maximum(_INTERRUPTED if interrupted else int(reached))
+                    if verdict == _INTERRUPTED:
+                        raise KeyboardInterrupt
+                    reached = verdict == _REACHED
+                if not self.is_main:
+                    while self.next_log <= self.steps:
+                        self.next_log += config.log_every
+                elif self.steps >= self.next_log or row:
                     now = self.stopwatch()
                     elapsed = max(now - last_time, 1e-9)
                     row = {
@@ -378,17 +494,23 @@ class Trainer:
                     while self.next_checkpoint <= self.steps:
                         self.next_checkpoint += config.checkpoint_every
         except KeyboardInterrupt:
-            self.logger.close()
+            if self.is_main:
+                self.logger.close()
             path = self.save()  # a pipeline drains first: the steps its worker made are learned from
-            self.write_summary(interrupted=True)
+            if self.is_main:
+                self.write_summary(interrupted=True)
             raise TrainingInterrupted(self.run_dir, self.steps, path) from None
         except BaseException as error:
             # Whatever stops the run, what it wrote stays: the logs, the checkpoints saved so far, and
             # a summary that names the error (no checkpoint of a state that may be corrupt, e.g. NaN).
-            self.logger.close()
-            self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
+            if self.is_main:
+                self.logger.close()
+                self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
 
+        if not self.is_main:
+            self.save()
+            return TrainResult(self.run_dir, {})
         if self.last_evaluation_step != self.steps:
             row = self.evaluate()
             self.reached_stop_return()
@@ -406,7 +528,7 @@ class Trainer:
     def on_policy_iteration(self) -> dict[str, torch.Tensor]:
         """Collect a rollout of horizon steps of every sub-env, then learn from it."""
         self.worker.collect(self.buffer)
-        self.steps += self.config.hyperparameters.horizon * self.config.num_envs
+        self.steps += self.config.hyperparameters.horizon * self.step_size
         return self.learner.update(progress=min(self.steps / self.config.total_steps, 1.0))
 
     def off_policy_iteration(self) -> dict[str, torch.Tensor]:
@@ -427,7 +549,7 @@ class Trainer:
         hp = self.config.hyperparameters
         progress = min(self.steps / self.config.total_steps, 1.0)
         self.worker.store(self.buffer, transition)
-        self.steps += self.config.num_envs
+        self.steps += self.step_size
         if len(self.buffer) < self.update_threshold:
             return {}
         self.updates_owed += self.config.num_envs * hp.updates_per_step
@@ -454,8 +576,11 @@ class Trainer:
         self.last_evaluation = evaluation
         self.last_evaluation_step = self.steps
         if self.evaluator.is_best(evaluation):
-            with self.pipeline_drained():
-                self.checkpoints.save_best(self.state_dict())
+            if self.group is None:
+                with self.pipeline_drained():  # the worker thread would move the observation statistics
+                    self.checkpoints.save_best(self.agent_state())
+            else:  # learner 0 alone: no drain (a collective); no statistics move under a group's pipeline
+                self.checkpoints.save_best(self.agent_state())
         return {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
 
     def reached_stop_return(self) -> bool:
@@ -510,12 +635,26 @@ class TrainingInterrupted(Exception):
             f"Continue with `phalanx resume {run_dir}`."
         )
         self.run_dir = run_dir
+        self.steps = steps
         self.checkpoint = checkpoint
 
 
-def train(config: TrainConfig, show_progress: bool = True) -> TrainResult:
-    """Train ``config`` in a new run directory; return the run directory and the summary."""
+def train(
+    config: TrainConfig, show_progress: bool = True, on_run_dir: Callable[[Path], None] | None = None
+) -> TrainResult:
+    """Train ``config`` in a new run directory; return the run directory and the summary.
+
+    With ``num_learners > 1`` this starts one process per learner and waits for them; under torchrun
+    this process is one learner of the group torchrun started. ``on_run_dir`` is told the run
+    directory as soon as it exists.
+    """
+    if launched_by_torchrun():
+        return _train_in_launched_group(config, show_progress, on_run_dir)
+    if config.num_learners > 1:
+        return _launch(config, show_progress, on_run_dir)
     trainer = Trainer(config, show_progress=show_progress)
+    if on_run_dir is not None:
+        on_run_dir(trainer.run_dir)
     try:
         return trainer.train()
     finally:
@@ -536,15 +675,35 @@ def read_run_config(run_dir: str | Path) -> TrainConfig:
 def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: bool = True) -> TrainResult:
     """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``."""
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
     config = read_run_config(run_dir)
+    state = None
+    if not launched_by_torchrun() or os.environ["RANK"] == "0":  # under torchrun, learner 0 reads it
+        state = _resumable_state(run_dir, config, total_steps)
+    if total_steps is not None:
+        config.total_steps = total_steps
+    if launched_by_torchrun():
+        return _train_in_launched_group(config, show_progress, None, run_dir=run_dir)
+    if config.num_learners > 1:
+        del state  # learner 0 reads it again and sends each learner its shard
+        return _launch(config, show_progress, None, run_dir=run_dir)
+    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress)
+    try:
+        trainer.load_state_dict(state)
+        return trainer.train()
+    finally:
+        trainer.close()
+
+
+def _resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None) -> dict[str, Any]:
+    """The latest checkpoint's state, checked against config.yaml and the new ``total_steps``."""
+    config_path = run_dir / "config.yaml"
     latest = CheckpointManager(run_dir).latest()
     if latest is None:
         raise CheckpointError(
             f"run directory {str(run_dir)!r} has no checkpoint to resume from (checkpoints/ is empty). "
             "Start a new run with `phalanx train` instead."
         )
-    state = load_checkpoint(latest, map_location=config.device)
+    state = load_checkpoint(latest, map_location=config.device if config.num_learners == 1 else "cpu")
     saved = TrainConfig.from_dict(state["config"], where=f"{latest}/state.pt")
     differences = _config_differences(saved, config)
     if differences:
@@ -553,19 +712,141 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
             + "; ".join(f"{key}: checkpoint has {a!r}, config.yaml has {b!r}" for key, a, b in differences)
             + ". Restore config.yaml, or start a new run with the new settings."
         )
-    if total_steps is not None:
-        if total_steps <= state["progress"]["steps"]:
-            raise ConfigError(
-                f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
-                "has already trained. Pass a larger --total-steps."
-            )
-        config.total_steps = total_steps
-    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress)
+    if total_steps is not None and total_steps <= state["progress"]["steps"]:
+        raise ConfigError(
+            f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
+            "has already trained. Pass a larger --total-steps."
+        )
+    return state
+
+
+# -- data-parallel learners ------------------------------------------------------------------------
+def _launch(
+    config: TrainConfig,
+    show_progress: bool,
+    on_run_dir: Callable[[Path], None] | None,
+    run_dir: Path | None = None,
+) -> TrainResult:
+    """Start ``config.num_learners`` learner processes on this machine and wait for them."""
+    config.validate()
+    check_learners(config.num_learners, config.device)
+    payload = {
+        "config": config.to_dict(),
+        "run_dir": str(run_dir) if run_dir is not None else None,
+        "show_progress": show_progress,
+        "envs": _picklable_factory(config.env),  # an id the caller registered exists in the learners too
+    }
+
+    def on_report(kind: str, value: Any) -> None:
+        if kind == "run_dir" and on_run_dir is not None:
+            on_run_dir(Path(value))
+
+    outcome = launch_learners(
+        _learner_entry, payload, config.num_learners, config.device, config.learner_timeout, on_report
+    )
+    if outcome.kind == "interrupted":
+        run, steps, checkpoint = outcome.value
+        raise TrainingInterrupted(Path(run), steps, Path(checkpoint))
+    run, summary = outcome.value
+    return TrainResult(Path(run), summary)
+
+
+def _picklable_factory(env_id: str) -> dict[str, Any]:
+    """``{env_id: factory}`` if ``env_id`` was added with register_env, checked to reach new processes."""
+    factory = registered_factories().get(env_id)
+    if factory is None:
+        return {}
     try:
-        trainer.load_state_dict(state)
+        pickle.dumps(factory)
+    except Exception as error:
+        raise ConfigError(
+            f"num_learners > 1 starts a process per learner, and each must build {env_id!r} with its factory "
+            f"{factory!r}, which cannot be sent to another process ({type(error).__name__}: {error}). "
+            "Define the factory at the top level of an importable module (not in __main__, a notebook "
+            "or a function), or use --learners 1."
+        ) from error
+    return {env_id: factory}
+
+
+def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callable[[str, Any], None]) -> None:
+    """One learner process started by :func:`_launch`."""
+    from phalanx.envs.registry import register_env
+
+    for env_id, factory in payload["envs"].items():
+        register_env(env_id, factory, overwrite=True)
+    config = TrainConfig.from_dict(payload["config"], where="the learner's config")
+    if not config.torch_threads and group.device.type == "cpu":  # the learners share the cores
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        config.torch_threads = max(1, cores // group.world_size)
+    run_dir = Path(payload["run_dir"]) if payload["run_dir"] else None
+    try:
+        result = _run_learner(
+            group, config, run_dir, payload["show_progress"], lambda path: report("run_dir", str(path))
+        )
+    except TrainingInterrupted as interrupted:
+        if group.is_main:
+            report("interrupted", (str(interrupted.run_dir), interrupted.steps, str(interrupted.checkpoint)))
+        return
+    if group.is_main:
+        report("finished", (str(result.run_dir), result.summary))
+
+
+def _train_in_launched_group(
+    config: TrainConfig,
+    show_progress: bool,
+    on_run_dir: Callable[[Path], None] | None,
+    run_dir: Path | None = None,
+) -> TrainResult:
+    """This process is one learner of a group torchrun started (RANK, WORLD_SIZE, ... are set)."""
+    world = int(os.environ["WORLD_SIZE"])
+    if config.num_learners not in (1, world):
+        raise ConfigError(
+            f"num_learners = {config.num_learners}, but torchrun started {world} learner process(es) "
+            f"(WORLD_SIZE). Drop --learners under torchrun, or pass --learners {world}."
+        )
+    config = dataclasses.replace(config, num_learners=world)
+    config.validate()
+    group = join_launched_group(config.device, config.learner_timeout)
+    try:
+        result = _run_learner(group, config, run_dir, show_progress, on_run_dir)
+    except TrainingInterrupted:
+        group.close(finished=True)
+        raise
+    except BaseException:
+        group.close()
+        raise
+    group.close(finished=True)
+    return result
+
+
+def _run_learner(
+    group: LearnerGroup,
+    config: TrainConfig,
+    run_dir: Path | None,
+    show_progress: bool,
+    on_run_dir: Callable[[Path], None] | None,
+) -> TrainResult:
+    """Train as one learner of ``group``; with ``run_dir``, resume that run from its latest checkpoint."""
+    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress, group=group)
+    try:
+        if group.is_main and on_run_dir is not None:
+            on_run_dir(trainer.run_dir)
+        if run_dir is not None:
+            trainer.load_checkpoint(CheckpointManager(run_dir).latest() if group.is_main else None)
         return trainer.train()
     finally:
         trainer.close()
+
+
+def _to_device(state: Any, device: torch.device) -> Any:
+    """A checkpoint's tensors moved to ``device`` (nested dicts and lists)."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: _to_device(value, device) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_to_device(value, device) for value in state]
+    return state
 
 
 def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
@@ -580,6 +861,7 @@ def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[
         "pipeline",
         "pipeline_queue",
         "sync_every",
+        "learner_timeout",
     }
     a, b = saved.to_dict(), current.to_dict()
     differences = [
