@@ -170,12 +170,47 @@ def test_ctrl_c_mid_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypat
     assert resumed["total_steps"] == 1600 and pipeline_threads() == []
 
 
+def processes(tmp_path, name, **overrides):
+    settings = dict(env="gym:Pendulum-v1", num_workers=2, total_steps=800, pipeline=True)
+    return config(tmp_path, name, **{**settings, **overrides})
+
+
 def test_pipeline_through_worker_processes(tmp_path):
+    """With worker processes the processes are the pipeline's worker: no thread; they step while the
+    learner makes the previous step's updates, so the policy lag is exactly those updates."""
+    synchronous = phalanx.train(processes(tmp_path, "sync", pipeline=False), show_progress=False).summary
     result = phalanx.train(
-        config(tmp_path, "processes", env="gym:Pendulum-v1", num_workers=2, pipeline=True, total_steps=800),
-        show_progress=False,
+        processes(tmp_path, "pipe", checkpoint_every=320, save_buffer=True), show_progress=False
     )
-    assert result.summary["total_steps"] == 800 and pipeline_threads() == []
+    assert result.summary["total_steps"] == synchronous["total_steps"] == 800
+    assert result.summary["updates"] == synchronous["updates"] == 244  # (800 - 320 + 8) * 0.5
+    lags = [float(row["policy_lag_max"]) for row in metrics(result.run_dir) if row.get("policy_lag_max")]
+    assert lags and max(lags) == 4  # 8 envs * 0.5 updates per env step
+    assert pipeline_threads() == []
+    resumed = phalanx.resume(result.run_dir, total_steps=1200, show_progress=False).summary
+    assert resumed["updates"] == 244 + 400 // 2
+
+
+def test_ctrl_c_in_the_process_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+    trainer = Trainer(processes(tmp_path, "interrupted"), show_progress=False)
+    original, calls = trainer.learner.update, {"n": 0}
+
+    def interrupt_on_tenth(progress):  # while the worker processes step
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise KeyboardInterrupt
+        return original(progress)
+
+    monkeypatch.setattr(trainer.learner, "update", interrupt_on_tenth)
+    try:
+        with pytest.raises(TrainingInterrupted, match="phalanx resume"):
+            trainer.train()
+    finally:
+        trainer.close()
+    summary = json.loads((trainer.run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["total_steps"] > 320
+    resumed = phalanx.resume(trainer.run_dir, show_progress=False).summary
+    assert resumed["total_steps"] == 800
 
 
 def test_bad_pipeline_settings_are_refused(tmp_path):

@@ -29,6 +29,7 @@ import pickle
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -429,11 +430,18 @@ def _learner_process(
         # A user's error (bad input) is its message; anything else, a bug, keeps its traceback.
         trace = "" if isinstance(error, PhalanxError) else traceback.format_exc()
         report("error", (f"{type(error).__name__}: {error}", trace))
-        messages.close()
-        messages.join_thread()
-        os._exit(1)
+        _exit(messages, 1)
+    _exit(messages, 0)
+
+
+def _exit(messages: Any, code: int) -> None:
+    """Flush the reports, then end the process without the interpreter's teardown, where the threads
+    of torch.distributed's backends can abort the process (and turn a finished run into a failure)."""
     messages.close()
     messages.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _exit_with_launcher(watched: Any) -> None:

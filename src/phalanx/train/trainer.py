@@ -270,6 +270,8 @@ class Trainer:
             # learner of a group holds its share of the warm-up.
             self.update_threshold = max(math.ceil(hp.learning_starts / world), config.num_envs * hp.n_step)
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
+        self.updates_due = 0  # off-policy: gradient steps owed to the steps stored, not made yet
+        self.progress = 0.0  # the fraction of the budget spent when the last step was stored
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
         self.evaluator = None
@@ -294,6 +296,11 @@ class Trainer:
         self.next_log = 0
         self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
         self.sync_statistics()
+
+    @property
+    def env_steps_in_processes(self) -> bool:
+        """Whether the training env steps in worker processes (one batch; not double buffered)."""
+        return isinstance(self.env.unwrapped, ProcessVecEnv) and self.worker.halves is None
 
     def sync_statistics(self) -> None:
         """In a group: merge every learner's new observation and reward statistics (the same bits on all)."""
@@ -393,6 +400,9 @@ class Trainer:
         In a group every learner drains to the same env step (the furthest any worker got), so that
         they all make the same updates; every learner must call it at the same point of the loop.
         """
+        if self.pipeline is None and self.worker.in_flight:  # a step sent when Ctrl+C came: finish it
+            self.store(self.worker.receive())
+        self.settle()
         if self.pipeline is None or not self.pipeline.alive:
             yield
             return
@@ -432,7 +442,9 @@ class Trainer:
             save_yaml(config, self.run_dir / "config.yaml")
             self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
-        if config.pipeline:
+        if config.pipeline and self.env_steps_in_processes:
+            iterate = self.process_pipelined_iteration
+        elif config.pipeline:
             hp = config.hyperparameters
             self.pipeline = Pipeline(
                 self.worker,
@@ -508,6 +520,7 @@ class Trainer:
                 self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
 
+        self.settle()  # the process pipeline's last updates
         if not self.is_main:
             self.save()
             return TrainResult(self.run_dir, {})
@@ -546,22 +559,48 @@ class Trainer:
 
     def learn_from(self, transition: Transition) -> dict[str, torch.Tensor]:
         """Store one VecEnv step, then make the updates it is owed (the update-to-data ratio)."""
+        self.store(transition)
+        return self.settle()
+
+    def store(self, transition: Transition) -> None:
+        """Store one VecEnv step and add the updates it is owed to :attr:`updates_due`."""
         hp = self.config.hyperparameters
-        progress = min(self.steps / self.config.total_steps, 1.0)
+        self.progress = min(self.steps / self.config.total_steps, 1.0)
         self.worker.store(self.buffer, transition)
         self.steps += self.step_size
         if len(self.buffer) < self.update_threshold:
-            return {}
+            return
         self.updates_owed += self.config.num_envs * hp.updates_per_step
         updates = int(self.updates_owed)
         self.updates_owed -= updates
         if hp.max_updates_per_step is not None:
             updates = min(updates, hp.max_updates_per_step)
+        self.updates_due += updates
+
+    def settle(self) -> dict[str, torch.Tensor]:
+        """Make the updates due; the metrics of the last one ({} if none was due)."""
         metrics: dict[str, torch.Tensor] = {}
-        for _ in range(updates):
-            metrics = self.learner.update(progress)
+        while self.updates_due:
+            metrics = self.learner.update(self.progress)
+            self.updates_due -= 1
             if self.pipeline is not None:
                 self.pipeline.after_update(self.learner.updates)
+        return metrics
+
+    def process_pipelined_iteration(self) -> dict[str, torch.Tensor]:
+        """The pipeline when the envs step in worker processes: they step while the learner makes the
+        updates the previous step is owed, then that step is stored (its updates come next iteration).
+
+        The same env steps and updates as :meth:`off_policy_iteration`, each update one VecEnv step
+        later: the actions of a step are those of the weights before the previous step's updates.
+        """
+        hp = self.config.hyperparameters
+        self.worker.send(self.steps, random=self.steps < hp.learning_starts)
+        before = self.learner.updates
+        metrics = self.settle()
+        transition = self.worker.receive()
+        self.policy_lags.append(self.learner.updates - before)
+        self.store(transition)
         return metrics
 
     def read_policy_lag(self) -> dict[str, float]:

@@ -68,6 +68,7 @@ class Worker:
         self.env = env
         self.algorithm = algorithm
         self.obs: torch.Tensor | None = None
+        self._sent: torch.Tensor | None = None  # the actions of a step in flight
         self.episodes = EpisodeLog(env.device)
 
     def reset(self, seed: int | None = None) -> None:
@@ -146,27 +147,47 @@ class Worker:
         The pipeline calls this from its worker thread with its own copy of the policy, and the
         learner's thread stores the result.
         """
-        if self.obs is None:
-            raise RuntimeError("Worker.step (or transition) called before Worker.reset")
-        policy = self.algorithm if policy is None else policy
-        if random:
-            actions = policy.random_actions(self.env.num_envs)
-            result = self.env.step(actions)
-        elif self.halves is not None:  # the second half's actions are computed while the first steps
+        if self.halves is not None and not random:  # the second half acts while the first steps
+            if self.obs is None:
+                raise RuntimeError("Worker.transition called before Worker.reset")
+            policy = self.algorithm if policy is None else policy
             first, second = self.halves
             first_actions = policy.explore(self.obs[: first.num_envs], steps)
             first.step_async(first_actions)
             second_actions = policy.explore(self.obs[first.num_envs :], steps)
             second.step_async(second_actions)
-            actions = torch.cat([first_actions, second_actions])
-            result = concat_transitions([first.step_wait(), second.step_wait()])
+            self._sent = torch.cat([first_actions, second_actions])
+            return self._received(concat_transitions([first.step_wait(), second.step_wait()]))
+        self.send(steps, random, policy)
+        return self.receive()
+
+    def send(self, steps: int, random: bool, policy: Any | None = None) -> None:
+        """Act on the last observations and start the env's step (:meth:`receive` ends it): an env in
+        worker processes steps while this process does something else."""
+        if self.obs is None:
+            raise RuntimeError("Worker.send (or step, transition) called before Worker.reset")
+        policy = self.algorithm if policy is None else policy
+        if random:
+            actions = policy.random_actions(self.env.num_envs)
         else:
             actions = policy.explore(self.obs, steps)
-            result = self.env.step(actions)
+        self.env.step_async(actions)
+        self._sent = actions
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a step was sent and not yet received."""
+        return self._sent is not None
+
+    def receive(self) -> Transition:
+        """The transition of the step :meth:`send` started."""
+        return self._received(self.env.step_wait())
+
+    def _received(self, result: tuple[Any, ...]) -> Transition:
         next_obs, rewards, terminated, truncated, info = result
         transition = Transition(
             self.obs,
-            actions,
+            self._sent,
             rewards,
             info["final_obs"],
             terminated,
@@ -174,7 +195,7 @@ class Worker:
             info["episode_return"],
             info["episode_length"],
         )
-        self.obs = next_obs
+        self.obs, self._sent = next_obs, None
         return transition
 
     def store(self, replay: ReplayBuffer, transition: Transition) -> None:
