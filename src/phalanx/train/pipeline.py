@@ -1,5 +1,9 @@
 """Pipelined off-policy training: the worker steps the envs in its own thread while the learner updates.
 
+(When the envs step in worker processes, the trainer needs no thread: the processes step while the
+learner makes the previous step's updates, see ``Trainer.process_pipelined_iteration``. This module is
+the pipeline for every other env: batched envs on a device, envs stepped in this process.)
+
 Producer and consumer. The worker thread acts with its own copy of the policy's networks (on CUDA, on
 its own stream) and puts each VecEnv step into a bounded queue; the learner (the trainer's thread)
 takes the steps out in order, stores them in the replay buffer and makes exactly the updates the
