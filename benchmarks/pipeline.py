@@ -3,6 +3,7 @@
     python benchmarks/pipeline.py                                  # SAC, HalfCheetah-v5, 16 envs, 2 workers
     python benchmarks/pipeline.py --env Pendulum-v1 --num-envs 1024 --num-workers 0 --total-steps 262144
     python benchmarks/pipeline.py --updates-per-step 1,0.0625 --seeds 0,1,2 --json results.json
+    python benchmarks/pipeline.py --hidden 64 --batch-size 64 --updates-per-step 0.0625   # cheap updates
 
 Each run is ``phalanx.train`` of SAC on ``--env`` with the shipped preset's hyperparameters, except
 what the flags set (budget, warm-up, update-to-data ratio, network width), once with ``pipeline=False``
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace, seed: int, ratio: float, pipeline: bool, root:
     }
     if args.hidden:
         overrides["hidden_sizes"] = (args.hidden, args.hidden)
+    if args.batch_size:
+        overrides["batch_size"] = args.batch_size
     result = phalanx.train(phalanx.make_config("sac", args.env, **overrides), show_progress=False)
     summary = result.summary
     with (result.run_dir / "metrics.csv").open() as file:
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--learning-starts", type=int, default=4_000)
     parser.add_argument("--updates-per-step", default="0.0625,0.25", help="comma-separated ratios")
     parser.add_argument("--hidden", type=int, default=0, help="hidden width (two layers); 0: the preset's")
+    parser.add_argument("--batch-size", type=int, default=0, help="transitions per update; 0: the preset's")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--eval-episodes", type=int, default=5)
     add_json_option(parser)
