@@ -58,6 +58,9 @@ def test_same_steps_and_updates_as_the_synchronous_loop(tmp_path, algo, env):
     assert pipelined["updates"] == synchronous["updates"] == 644
     assert math.isfinite(pipelined["eval_return_mean"])
     assert pipeline_threads() == []
+    if algo == "dqn":  # the epsilon the worker thread explored with is the one logged
+        epsilons = [float(row["epsilon"]) for row in metrics(tmp_path / "pipe") if row.get("epsilon")]
+        assert epsilons[-1] < epsilons[0]
 
 
 def test_policy_lag_is_logged_and_within_its_bound(tmp_path):

@@ -132,7 +132,8 @@ class DQN(OffPolicyAlgorithm):
         self.q_polyak = PolyakPair(self.q_target, self.q_network)
         self.optimizer = make_adam(self.q_parameters, lr=config.learning_rate)
         self.updates = 0
-        self.last_epsilon = config.exploration_initial
+        # A list, so that the pipeline's acting copy (a shallow copy) and this object share it.
+        self.exploration = [config.exploration_initial]  # epsilon of the last explore()
 
     def epsilon(self, steps: int) -> float:
         config = self.config
@@ -141,10 +142,10 @@ class DQN(OffPolicyAlgorithm):
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
-        self.last_epsilon = self.epsilon(steps)
+        epsilon = self.exploration[0] = self.epsilon(steps)
         greedy = self.q_network(obs).argmax(dim=1)  # (N,)
         random = torch.randint(self.num_actions, greedy.shape, device=self.device)
-        explore = torch.rand(greedy.shape, device=self.device) < self.last_epsilon
+        explore = torch.rand(greedy.shape, device=self.device) < epsilon
         return torch.where(explore, random, greedy)
 
     @torch.no_grad()
@@ -173,7 +174,7 @@ class DQN(OffPolicyAlgorithm):
         return {
             "q_loss": loss.detach(),
             "q_mean": q_values.detach().mean(),
-            "epsilon": torch.tensor(self.last_epsilon),
+            "epsilon": torch.tensor(self.exploration[0]),
         }
 
     def state_dict(self) -> dict[str, Any]:
