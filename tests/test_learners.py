@@ -20,7 +20,7 @@ import phalanx
 from phalanx.envs.registry import register_env, unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
-from phalanx.train.learner import LearnerError, launch_learners
+from phalanx.train.learner import LearnerError, available_cores, launch_learners
 from phalanx.train.trainer import Trainer
 
 TESTS = Path(__file__).parent
@@ -29,7 +29,7 @@ import learner_checks  # noqa: E402
 from fault_envs import failing_pendulum  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) < 2,
+    available_cores() < 2,
     reason="two learners need two CPU cores",
 )
 

@@ -131,46 +131,28 @@ def test_a_failure_in_the_worker_thread_stops_the_run_and_names_its_origin(tmp_p
     assert pipeline_threads() == []
 
 
-def test_a_failure_in_the_learner_stops_the_worker_thread(tmp_path, monkeypatch):
-    trainer = Trainer(config(tmp_path, "learner", pipeline=True), show_progress=False)
+def raise_in_update(monkeypatch, trainer: Trainer, call: int, error: BaseException) -> None:
+    """Make the learner's ``call``-th update raise ``error`` (the updates before it run as usual)."""
     original, calls = trainer.learner.update, {"n": 0}
 
-    def fail_on_fifth(progress):
+    def update(progress):
         calls["n"] += 1
-        if calls["n"] == 5:
-            raise FloatingPointError("loss is NaN")
+        if calls["n"] == call:
+            raise error
         return original(progress)
 
-    monkeypatch.setattr(trainer.learner, "update", fail_on_fifth)
+    monkeypatch.setattr(trainer.learner, "update", update)
+
+
+def test_a_failure_in_the_learner_stops_the_worker_thread(tmp_path, monkeypatch):
+    trainer = Trainer(config(tmp_path, "learner", pipeline=True), show_progress=False)
+    raise_in_update(monkeypatch, trainer, 5, FloatingPointError("loss is NaN"))
     try:
         with pytest.raises(FloatingPointError, match="loss is NaN"):
             trainer.train()
     finally:
         trainer.close()
     assert pipeline_threads() == []
-
-
-def test_ctrl_c_mid_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
-    trainer = Trainer(config(tmp_path, "interrupted", pipeline=True), show_progress=False)
-    original, calls = trainer.learner.update, {"n": 0}
-
-    def interrupt_on_tenth(progress):
-        calls["n"] += 1
-        if calls["n"] == 10:
-            raise KeyboardInterrupt
-        return original(progress)
-
-    monkeypatch.setattr(trainer.learner, "update", interrupt_on_tenth)
-    try:
-        with pytest.raises(TrainingInterrupted, match="phalanx resume"):
-            trainer.train()
-    finally:
-        trainer.close()
-    assert pipeline_threads() == []
-    summary = json.loads((trainer.run_dir / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["total_steps"] > 320
-    resumed = phalanx.resume(trainer.run_dir, show_progress=False).summary
-    assert resumed["total_steps"] == 1600 and pipeline_threads() == []
 
 
 def processes(tmp_path, name, **overrides):
@@ -194,26 +176,26 @@ def test_pipeline_through_worker_processes(tmp_path):
     assert resumed["updates"] == 244 + 400 // 2
 
 
-def test_ctrl_c_in_the_process_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
-    trainer = Trainer(processes(tmp_path, "interrupted"), show_progress=False)
-    original, calls = trainer.learner.update, {"n": 0}
-
-    def interrupt_on_tenth(progress):  # while the worker processes step
-        calls["n"] += 1
-        if calls["n"] == 10:
-            raise KeyboardInterrupt
-        return original(progress)
-
-    monkeypatch.setattr(trainer.learner, "update", interrupt_on_tenth)
+@pytest.mark.parametrize("worker", ["thread", "processes"])
+def test_ctrl_c_mid_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch, worker):
+    """Ctrl+C during an update: with the worker thread, or while the worker processes step."""
+    run = (
+        config(tmp_path, "interrupted", pipeline=True)
+        if worker == "thread"
+        else processes(tmp_path, "interrupted")
+    )
+    trainer = Trainer(run, show_progress=False)
+    raise_in_update(monkeypatch, trainer, 10, KeyboardInterrupt())
     try:
         with pytest.raises(TrainingInterrupted, match="phalanx resume"):
             trainer.train()
     finally:
         trainer.close()
+    assert pipeline_threads() == []
     summary = json.loads((trainer.run_dir / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["total_steps"] > 320
     resumed = phalanx.resume(trainer.run_dir, show_progress=False).summary
-    assert resumed["total_steps"] == 800
+    assert resumed["total_steps"] == run.total_steps and pipeline_threads() == []
 
 
 def test_bad_pipeline_settings_are_refused(tmp_path):

@@ -85,13 +85,15 @@ class LearnerGroup:
     collectives of Python objects (checkpoint shards, the run directory) on a gloo group beside it.
     """
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
+    def __init__(
+        self, rank: int, world_size: int, local_rank: int, device: torch.device, interrupted: threading.Event
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
         self.device = device
         self.objects = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
-        self.interrupted = threading.Event()  # set by SIGINT; acted on when every learner agrees
+        self.interrupted = interrupted  # set by SIGINT; acted on when every learner agrees
 
     @property
     def is_main(self) -> bool:
@@ -193,6 +195,11 @@ def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in LAUNCH_ENV_VARS)
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def check_learners(num_learners: int, device: str) -> None:
     """Bad input: more learners on this machine than it has CPU cores (CPU) or GPUs (CUDA)."""
     if num_learners <= 1:
@@ -207,7 +214,7 @@ def check_learners(num_learners: int, device: str) -> None:
                 "the learners across machines with torchrun (docs/parallelism.md)."
             )
     elif kind == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = available_cores()
         if num_learners > cores:
             raise ConfigError(
                 f"num_learners = {num_learners} asks for one CPU core per learner process, but this process "
@@ -219,6 +226,14 @@ def check_learners(num_learners: int, device: str) -> None:
             f"num_learners = {num_learners} needs device 'cpu' (gloo) or 'cuda' (NCCL), got {device!r}. "
             "Use --learners 1 on this device."
         )
+
+
+def _catch_interrupts() -> threading.Event:
+    """From now on Ctrl+C (SIGINT) sets the returned event instead of raising KeyboardInterrupt: the
+    learners stop together, at the iteration where they agree on it."""
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    return interrupted
 
 
 def _backend(device: str) -> str:
@@ -235,12 +250,11 @@ def _learner_device(device: str, local_rank: int) -> torch.device:
 
 def join_launched_group(device: str, timeout: float) -> LearnerGroup:
     """Join the group torchrun started (the ``env://`` rendezvous of RANK, WORLD_SIZE, MASTER_ADDR ...)."""
+    interrupted = _catch_interrupts()
     local_rank = int(os.environ["LOCAL_RANK"])
     group_device = _learner_device(device, local_rank)
     dist.init_process_group(_backend(device), init_method="env://", timeout=dt.timedelta(seconds=timeout))
-    group = LearnerGroup(dist.get_rank(), dist.get_world_size(), local_rank, group_device)
-    signal.signal(signal.SIGINT, lambda *_: group.interrupted.set())
-    return group
+    return LearnerGroup(dist.get_rank(), dist.get_world_size(), local_rank, group_device, interrupted)
 
 
 @dataclass
@@ -404,8 +418,7 @@ def _learner_process(
     watched: Any,
 ) -> None:
     """One spawned learner: join the group, run ``entry``, report an error with its traceback."""
-    interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    interrupted = _catch_interrupts()
     threading.Thread(target=_exit_with_launcher, args=(watched,), daemon=True).start()
 
     def report(kind: str, value: Any) -> None:
@@ -422,8 +435,7 @@ def _learner_process(
             world_size=world_size,
             timeout=dt.timedelta(seconds=timeout),
         )
-        group = LearnerGroup(rank, world_size, rank, group_device)
-        group.interrupted = interrupted
+        group = LearnerGroup(rank, world_size, rank, group_device, interrupted)
         entry(group, payload, report)
         group.close(finished=True)
     except BaseException as error:  # noqa: BLE001 - reported to the launching process

@@ -43,6 +43,7 @@ from phalanx.train.learner import (
     Learner,
     LearnerGroup,
     StatisticsSync,
+    available_cores,
     check_learners,
     join_launched_group,
     launch_learners,
@@ -277,8 +278,6 @@ class Trainer:
         self.evaluator = None
         if self.is_main:
             self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
-
-        if self.is_main:
             self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
         if group is not None:
             self.run_dir = Path(group.broadcast(str(self.run_dir) if self.is_main else None))
@@ -365,19 +364,15 @@ class Trainer:
         for sync in self.statistics_syncs:
             sync.rebase()
 
-    def load_checkpoint(self, path: Path | None) -> None:
-        """Resume from ``path`` (a step checkpoint); in a group, learner 0 reads it (``path`` is None on
-        the others) and sends each learner the agent with that learner's own shard."""
-        if self.group is None:
-            self.load_state_dict(load_checkpoint(path, map_location=self.device))
-            return
+    def load_group_state(self, state: dict[str, Any] | None) -> None:
+        """In a group, resume from a checkpoint's ``state``, which learner 0 passes (None on the others):
+        it sends each learner the agent with that learner's own shard."""
         states = None
         if self.is_main:
-            state = load_checkpoint(path, map_location="cpu")
             shards = [{}] + state.pop("learner_shards", [])
             if len(shards) != self.group.world_size:
                 raise CheckpointError(
-                    f"checkpoint {path} holds the shards of {len(shards)} learner(s), but this group has "
+                    f"the checkpoint holds the shards of {len(shards)} learner(s), but this group has "
                     f"{self.group.world_size}. Resume with --learners {len(shards)}."
                 )
             states = [{**state, **shard} for shard in shards]
@@ -721,7 +716,7 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
     if total_steps is not None:
         config.total_steps = total_steps
     if launched_by_torchrun():
-        return _train_in_launched_group(config, show_progress, None, run_dir=run_dir)
+        return _train_in_launched_group(config, show_progress, None, run_dir=run_dir, state=state)
     if config.num_learners > 1:
         del state  # learner 0 reads it again and sends each learner its shard
         return _launch(config, show_progress, None, run_dir=run_dir)
@@ -815,8 +810,7 @@ def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callabl
         register_env(env_id, factory, overwrite=True)
     config = TrainConfig.from_dict(payload["config"], where="the learner's config")
     if not config.torch_threads and group.device.type == "cpu":  # the learners share the cores
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        config.torch_threads = max(1, cores // group.world_size)
+        config.torch_threads = max(1, available_cores() // group.world_size)
     run_dir = Path(payload["run_dir"]) if payload["run_dir"] else None
     try:
         result = _run_learner(
@@ -835,6 +829,7 @@ def _train_in_launched_group(
     show_progress: bool,
     on_run_dir: Callable[[Path], None] | None,
     run_dir: Path | None = None,
+    state: dict[str, Any] | None = None,
 ) -> TrainResult:
     """This process is one learner of a group torchrun started (RANK, WORLD_SIZE, ... are set)."""
     world = int(os.environ["WORLD_SIZE"])
@@ -847,7 +842,7 @@ def _train_in_launched_group(
     config.validate()
     group = join_launched_group(config.device, config.learner_timeout)
     try:
-        result = _run_learner(group, config, run_dir, show_progress, on_run_dir)
+        result = _run_learner(group, config, run_dir, show_progress, on_run_dir, state)
     except TrainingInterrupted:
         group.close(finished=True)
         raise
@@ -864,14 +859,18 @@ def _run_learner(
     run_dir: Path | None,
     show_progress: bool,
     on_run_dir: Callable[[Path], None] | None,
+    state: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train as one learner of ``group``; with ``run_dir``, resume that run from its latest checkpoint."""
+    """Train as one learner of ``group``; with ``run_dir``, resume that run from its latest checkpoint
+    (learner 0 reads it, unless it already holds its ``state``)."""
     trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress, group=group)
     try:
         if group.is_main and on_run_dir is not None:
             on_run_dir(trainer.run_dir)
         if run_dir is not None:
-            trainer.load_checkpoint(CheckpointManager(run_dir).latest() if group.is_main else None)
+            if group.is_main and state is None:
+                state = load_checkpoint(CheckpointManager(run_dir).latest(), map_location="cpu")
+            trainer.load_group_state(state)
         return trainer.train()
     finally:
         trainer.close()
