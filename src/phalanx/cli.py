@@ -37,6 +37,11 @@ commands:
   envs                             list the environment ids
   check-env MODULE:FACTORY [--num-envs N] [--device D] [--steps N]
                                    check that your VecEnv follows the contract
+  population run [POPULATION.yaml] [ALGO ENV] [--size N] [--strategy tournament|generational]
+                 [--interval N] [--backend serial|process|ray|vectorized] [--address A]
+                 [--mutate NAME=KIND:ARGS ...] [--<train flag> VALUE ...]
+                                   population-based training (`phalanx population run --help`)
+  population status|resume|report DIR, population scale DIR --max-concurrent N
 """
 
 
@@ -51,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "backtest": cmd_backtest,
         "envs": cmd_envs,
         "check-env": cmd_check_env,
+        "population": cmd_population,
     }
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -105,8 +111,14 @@ def cli_config_class(algorithm: Any) -> type:
     )
 
 
-def parse_train_args(argv: list[str]) -> Any:
-    """``ALGO ENV [--config FILE] [flags]`` -> a validated TrainConfig."""
+def parse_train_args(
+    argv: list[str],
+    settings: dict[str, Any] | None = None,
+    where: str = "arguments",
+    prog: str = "phalanx train",
+) -> Any:
+    """``ALGO ENV [--config FILE] [flags]`` -> a validated TrainConfig (``settings``: a config's values
+    that the flags override, e.g. the base of a population file)."""
     import tyro
 
     from phalanx.algos import algorithm_names, get_algorithm
@@ -118,15 +130,15 @@ def parse_train_args(argv: list[str]) -> Any:
     if len(positional) < 2 and not asking_help:
         lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
         raise PhalanxError(
-            "`phalanx train` needs an algorithm and an environment: phalanx train ALGO ENV [flags], "
-            "e.g. `phalanx train ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
+            f"`{prog}` needs an algorithm and an environment: {prog} ALGO ENV [flags], "
+            f"e.g. `{prog} ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
         )
     algo = positional[0]
     env = positional[1] if len(positional) > 1 else ""
     rest = argv[len(positional) :]
     algorithm = get_algorithm(algo)
 
-    settings: dict[str, Any] = {}
+    settings = dict(settings or {})
     if "--config" in rest:
         index = rest.index("--config")
         if index + 1 >= len(rest):
@@ -141,8 +153,6 @@ def parse_train_args(argv: list[str]) -> Any:
                 )
         rest = rest[:index] + rest[index + 2 :]
         where = f"config file {config_file!r}"
-    else:
-        where = "arguments"
     default = make_config(algorithm.name, env, where=where, **settings)
     cls = cli_config_class(algorithm)
     base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
@@ -150,7 +160,7 @@ def parse_train_args(argv: list[str]) -> Any:
         cls,
         args=rest,
         default=cls(**base),
-        prog=f"phalanx train {algorithm.name} {env or 'ENV'}",
+        prog=f"{prog} {algorithm.name} {env or 'ENV'}",
         description=f"Train {algorithm.name.upper()} on {env or 'ENV'} (defaults include the preset).",
         config=(tyro.conf.OmitArgPrefixes,),
     )
@@ -304,6 +314,160 @@ def cmd_check_env(argv: list[str]) -> int:
         ) from None
     report = check_vec_env(env, num_steps=args.steps)
     Console().print(f"[green]ok[/]: {args.factory} follows the VecEnv contract. {report}", highlight=False)
+    return 0
+
+
+# -- population -----------------------------------------------------------------------------------
+POPULATION_USAGE = """usage: phalanx population COMMAND ...
+
+  run [POPULATION.yaml] [ALGO ENV] [population flags] [train flags]
+        train a population; ALGO ENV and train flags set (or override) the file's base config
+  status DIR                    the ranking, from the leaderboard
+  resume DIR                    continue after Ctrl+C or a crash, from the leaderboard and checkpoints
+  scale DIR --max-concurrent N  change how many members run at once while it runs
+  report DIR                    (re)write DIR/report: CSV files and plots
+"""
+
+
+def population_cli_class() -> type:
+    """The population's own flags (PopulationConfig and Resources fields, each defined once there)."""
+    import tyro
+
+    from phalanx.population.evolution import PopulationConfig, Resources
+
+    fields = []
+    for source in (PopulationConfig, Resources):
+        for f in dataclasses.fields(source):
+            if f.name not in ("base", "mutations", "resources"):
+                fields.append((f.name, f.type, dataclasses.field(default=None)))
+    fields.append(
+        (
+            "mutate",
+            Annotated[
+                tuple[str, ...], tyro.conf.arg(help="NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2")
+            ],
+            dataclasses.field(default=()),
+        )
+    )
+    fields.append(("dir", Annotated[str | None, tyro.conf.arg(help="population directory")], None))
+    return dataclasses.make_dataclass("PopulationFlags", fields)
+
+
+def parse_population_args(argv: list[str]) -> Any:
+    """``[POPULATION.yaml] [ALGO ENV] [flags]`` -> a validated PopulationConfig."""
+    import tyro
+
+    from phalanx.config import load_yaml
+    from phalanx.population.evolution import PopulationConfig, Resources
+
+    data: dict[str, Any] = {}
+    where = "arguments"
+    if argv and argv[0].endswith((".yaml", ".yml")):
+        data, where = load_yaml(argv[0]), f"population config {argv[0]!r}"
+        argv = argv[1:]
+    positional = [a for a in argv[:2] if not a.startswith("-")]
+    rest = argv[len(positional) :]
+    if any(a in ("-h", "--help") for a in rest) and not positional:
+        print(POPULATION_USAGE)
+    flags, train_args = tyro.cli(
+        population_cli_class(),
+        args=rest,
+        return_unknown_args=True,
+        prog="phalanx population run",
+        description="Population flags (the train flags of `phalanx train ALGO ENV --help` set the base).",
+        config=(tyro.conf.OmitArgPrefixes,),
+    )
+    base = dict(data.pop("base", None) or {})
+    if len(positional) < 2:
+        positional = [base.get("algo", ""), base.get("env", "")]
+        positional = [p for p in positional if p]
+    base = {k: v for k, v in base.items() if k not in ("algo", "env")}
+    train_config = parse_train_args(
+        positional + train_args, settings=base, where=where, prog="phalanx population run"
+    )
+    data["base"] = train_config.to_dict()
+    resource_names = {f.name for f in dataclasses.fields(Resources)}
+    resources = dict(data.pop("resources", None) or {})
+    mutations = dict(data.pop("mutations", None) or {})
+    for name, value in vars(flags).items():
+        if name in ("mutate", "dir") or value is None:
+            continue
+        (resources if name in resource_names else data)[name] = value
+    for spec in flags.mutate:
+        name, equals, kind = spec.partition("=")
+        if not equals:
+            raise PhalanxError(
+                f"--mutate {spec!r}: expected NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2"
+            )
+        mutations[name.strip()] = kind
+    if flags.dir is not None:
+        data["directory"] = flags.dir
+    config = PopulationConfig.from_dict({**data, "resources": resources, "mutations": mutations}, where=where)
+    config.validate()
+    return config
+
+
+def cmd_population(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(POPULATION_USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    from phalanx.population import PopulationInterrupted, resume_population, run_population
+    from phalanx.population.leaderboard import Leaderboard
+
+    say = lambda text: console.print(escape(text), highlight=False)  # noqa: E731
+    try:
+        if command == "run":
+            config = parse_population_args(rest)
+            result = run_population(config)
+        elif command == "resume":
+            result = resume_population(_one_directory("resume", rest))
+        elif command == "status":
+            board = Leaderboard.load(_one_directory("status", rest))
+            Console().print(board.table())
+            return 0
+        elif command == "report":
+            board = Leaderboard.load(_one_directory("report", rest))
+            say(f"written: {board.write_report()}")
+            return 0
+        elif command == "scale":
+            return _scale(rest)
+        else:
+            raise PhalanxError(f"unknown population command {command!r}.\n{POPULATION_USAGE}")
+    except PopulationInterrupted as interrupted:
+        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
+        return 130
+    Console().print(Leaderboard.load(result.directory).table())
+    say(f"best member: {result.best_member} (score {result.best_score}); run directory {result.best_run_dir}")
+    say(f"report: {result.directory / 'report'}")
+    return 0
+
+
+def _one_directory(command: str, argv: list[str]) -> str:
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise PhalanxError(f"`phalanx population {command}` takes one population directory, got {argv}.")
+    return argv[0]
+
+
+def _scale(argv: list[str]) -> int:
+    import json
+
+    from phalanx.population.leaderboard import Leaderboard
+    from phalanx.train.checkpoint import write_text_atomic
+
+    parser = argparse.ArgumentParser(
+        prog="phalanx population scale", description="Change how many members run at once, while it runs."
+    )
+    parser.add_argument("directory")
+    parser.add_argument("--max-concurrent", type=int, required=True)
+    args = parser.parse_args(argv)
+    if args.max_concurrent < 1:
+        raise PhalanxError(f"--max-concurrent must be >= 1, got {args.max_concurrent}.")
+    board = Leaderboard.load(args.directory)  # refuses a directory that is not a population's
+    write_text_atomic(
+        board.directory / "control.json", json.dumps({"max_concurrent": args.max_concurrent}) + "\n"
+    )
+    console.print(f"max_concurrent = {args.max_concurrent} written to {board.directory / 'control.json'}")
     return 0
 
 

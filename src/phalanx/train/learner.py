@@ -419,7 +419,7 @@ def _learner_process(
 ) -> None:
     """One spawned learner: join the group, run ``entry``, report an error with its traceback."""
     interrupted = _catch_interrupts()
-    threading.Thread(target=_exit_with_launcher, args=(watched,), daemon=True).start()
+    threading.Thread(target=exit_when_closed, args=(watched,), daemon=True).start()
 
     def report(kind: str, value: Any) -> None:
         # Pickled here: a queue would share tensors through file descriptors that die with this process.
@@ -456,8 +456,9 @@ def _exit(messages: Any, code: int) -> None:
     os._exit(code)
 
 
-def _exit_with_launcher(watched: Any) -> None:
-    """Block on the launcher's pipe; when the launcher is gone (EOF), end this learner too."""
+def exit_when_closed(watched: Any) -> None:
+    """Block on the launcher's end of a pipe; when the launcher is gone (EOF), end this process too, even
+    in the middle of training (run it in a daemon thread of a child process)."""
     with contextlib.suppress(EOFError, OSError):
         watched.recv()
     os._exit(1)

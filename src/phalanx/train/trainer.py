@@ -254,22 +254,7 @@ class Trainer:
         self.step_size = config.num_envs * world  # env steps of one VecEnv step of every learner
         # The env's own action bounds, so that a deployed agent maps [-1, 1] back to them.
         self.spaces = space_spec(self.env.single_observation_space, raw_env.single_action_space)
-        hp = config.hyperparameters
-        buffer_shapes = (
-            self.env.single_observation_space.shape,
-            self.env.single_action_space.shape,
-            torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
-            self.device,
-        )
-        if self.algorithm.on_policy:
-            self.buffer: RolloutBuffer | ReplayBuffer = RolloutBuffer(
-                hp.horizon, config.num_envs, *buffer_shapes
-            )
-        else:
-            self.buffer = ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
-            # Updates start once the buffer holds the warm-up (and enough steps for n-step returns); a
-            # learner of a group holds its share of the warm-up.
-            self.update_threshold = max(math.ceil(hp.learning_starts / world), config.num_envs * hp.n_step)
+        self.buffer = self.make_buffer()
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
         self.updates_due = 0  # off-policy: gradient steps owed to the steps stored, not made yet
         self.progress = 0.0  # the fraction of the budget spent when the last step was stored
@@ -295,6 +280,85 @@ class Trainer:
         self.next_log = 0
         self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
         self.sync_statistics()
+
+    def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
+        """The rollout or replay buffer the hyperparameters ask for."""
+        config, hp = self.config, self.config.hyperparameters
+        buffer_shapes = (
+            self.env.single_observation_space.shape,
+            self.env.single_action_space.shape,
+            torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
+            self.device,
+        )
+        if self.algorithm.on_policy:
+            return RolloutBuffer(hp.horizon, config.num_envs, *buffer_shapes)
+        return ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
+
+    @property
+    def update_threshold(self) -> int:
+        """Off-policy: updates start once the buffer holds the warm-up (and enough steps for n-step
+        returns); a learner of a group holds its share of the warm-up."""
+        config, hp = self.config, self.config.hyperparameters
+        world = self.group.world_size if self.group is not None else 1
+        return max(math.ceil(hp.learning_starts / world), config.num_envs * hp.n_step)
+
+    def adopt(
+        self,
+        agent: dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        steps: int | None = None,
+    ) -> None:
+        """Population-based training: take another run's ``agent`` (an :meth:`agent_state`: networks,
+        optimiser state, observation statistics) and/or new ``hyperparameters``, and go on training.
+
+        This run keeps its own envs, buffer and RNG, and its progress unless ``steps`` is given (a new
+        member spawned from another takes its step count, and its schedules go on from there). The
+        algorithm is rebuilt from the new hyperparameters, so every one of them takes effect, also those
+        an algorithm reads only when it is built; the learning rates are the new ones, not those in the
+        optimiser state. A change of the networks' shapes (hidden_sizes) cannot carry the weights.
+        """
+        if self.group is not None:
+            raise ConfigError("adopt() is for single-learner runs; a population member has one learner.")
+        config = self.config
+        if hyperparameters:
+            candidate = dataclasses.replace(
+                config, hyperparameters=dataclasses.replace(config.hyperparameters, **hyperparameters)
+            )
+            candidate.validate()
+            config.hyperparameters = candidate.hyperparameters
+        old = self.algorithm
+        algorithm = get_algorithm(config.algo)(
+            config.hyperparameters, old.observation_space, old.action_space, self.device
+        )
+        learning_rates = _learning_rates(algorithm)  # from the new hyperparameters
+        state = agent["algorithm"] if agent is not None else old.state_dict()
+        try:
+            algorithm.load_state_dict(_to_device(state, self.device))
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise ConfigError(
+                f"cannot carry the agent's weights into {config.algo} with hyperparameters "
+                f"{hyperparameters}: {str(error).splitlines()[0]}. Hyperparameters that change the "
+                "networks' shapes (hidden_sizes) cannot be changed while training goes on."
+            ) from None
+        for optimizer, rates in learning_rates.items():
+            for group, rate in zip(getattr(algorithm, optimizer).param_groups, rates, strict=True):
+                group["lr"] = rate
+        self.algorithm = self.worker.algorithm = self.learner.algorithm = algorithm
+        if agent is not None and agent.get("obs_statistics") is not None and self.obs_statistics is not None:
+            self.obs_statistics.load_state_dict(_to_device(agent["obs_statistics"], self.device))
+        if self.algorithm.on_policy and self.buffer.horizon != config.hyperparameters.horizon:
+            self.buffer = self.learner.buffer = self.make_buffer()  # it holds nothing between rollouts
+        elif not self.algorithm.on_policy and self.buffer.slots != max(
+            config.hyperparameters.buffer_size // config.num_envs, 1
+        ):
+            raise ConfigError(
+                "buffer_size cannot change while training goes on: the replay buffer holds this run's "
+                "experience. Leave it out of the mutations."
+            )
+        if steps is not None:
+            self.steps = self.next_log = steps
+            self.next_eval = steps + config.eval_every if config.eval_every else math.inf
+            self.next_checkpoint = steps + config.checkpoint_every if config.checkpoint_every else math.inf
 
     @property
     def env_steps_in_processes(self) -> bool:
@@ -427,6 +491,7 @@ class Trainer:
         try:
             return self._train()
         finally:
+            self.wall_offset = self.stopwatch()  # a later train() (a population's next interval) goes on
             if self.pipeline is not None:
                 self.pipeline.stop()
 
@@ -874,6 +939,15 @@ def _run_learner(
         return trainer.train()
     finally:
         trainer.close()
+
+
+def _learning_rates(algorithm: Algorithm) -> dict[str, list[float]]:
+    """The learning rate of every parameter group of every optimiser an algorithm holds, by attribute."""
+    return {
+        name: [group["lr"] for group in value.param_groups]
+        for name, value in vars(algorithm).items()
+        if isinstance(value, torch.optim.Optimizer)
+    }
 
 
 def _to_device(state: Any, device: torch.device) -> Any:

@@ -1,0 +1,413 @@
+"""Where members train: one interface, three backends.
+
+A :class:`Task` asks a member to train up to a step target, after optionally copying another member's
+agent and taking new hyperparameters; it comes back as a :class:`Report` (the new score, or the error).
+A member's run directory is an ordinary phalanx run, and every task ends with a checkpoint in it, so a
+member can be rebuilt anywhere from its directory: that is how a process that runs another member
+next, a restarted Ray actor, and ``phalanx population resume`` all go on.
+
+- :class:`SerialBackend`: tasks run one after another in this process (tests, debugging);
+- :class:`ProcessBackend`: one process per running member (the default on one machine);
+- :class:`RayBackend`: one Ray actor per running member, with fractional CPU and GPU resources; the
+  population directory must be on storage every node reaches.
+
+The orchestrator submits tasks and waits for reports; it never knows which backend runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_connections
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.config import TrainConfig
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.learner import available_cores, exit_when_closed
+
+
+@dataclass
+class Task:
+    member: str
+    config: dict[str, Any]
+    """The member's TrainConfig as a dict: its seed, run directory and current hyperparameters."""
+    target: int
+    """Train until this many env steps (the member's steps + interval)."""
+    donor: str | None = None
+    """Copy the agent of this checkpoint first (or, if it has been rotated away, the donor's latest)."""
+    hyperparameters: dict[str, Any] | None = None
+    """Hyperparameters to set first (the mutated ones)."""
+    start_steps: int | None = None
+    """A new member spawned from another: start its step count here."""
+
+
+@dataclass
+class Report:
+    member: str
+    steps: int = 0
+    score: float | None = None
+    checkpoint: str | None = None
+    error: str | None = None
+    """What went wrong (with the traceback); the member's process may be gone."""
+    interrupted: bool = False
+    """The member saw Ctrl+C, saved a checkpoint and stopped."""
+    seconds: float = 0.0
+
+
+class Member:
+    """Trains the members its tasks name, keeping the last one's Trainer between its tasks."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.trainer: Any = None
+        self.member: str | None = None
+        if threads:
+            torch.set_num_threads(threads)
+
+    def run(self, task: Task) -> Report:
+        from phalanx.train.trainer import TrainingInterrupted
+
+        started = time.perf_counter()
+        try:
+            trainer = self._trainer_for(task)
+            if task.donor is not None:
+                trainer.adopt(_load_donor(task.donor), task.hyperparameters, steps=task.start_steps)
+            elif task.hyperparameters:
+                trainer.adopt(None, task.hyperparameters)
+            trainer.config.total_steps = task.target
+            summary = trainer.train().summary
+        except TrainingInterrupted as interrupted:
+            self.close()
+            return Report(
+                task.member, interrupted.steps, interrupted=True, checkpoint=str(interrupted.checkpoint)
+            )
+        except KeyboardInterrupt:  # while the trainer was built or a checkpoint loaded: nothing to lose
+            self.close()
+            return Report(task.member, interrupted=True)
+        except BaseException as error:  # noqa: BLE001 - reported to the orchestrator, which decides
+            self.close()  # rebuilt from its last checkpoint if it is restarted
+            text = "".join(traceback.format_exception(error)).rstrip()
+            return Report(task.member, error=text, seconds=time.perf_counter() - started)
+        return Report(
+            task.member,
+            steps=trainer.steps,
+            score=summary["eval_return_mean"],
+            checkpoint=summary["latest_checkpoint"],
+            seconds=time.perf_counter() - started,
+        )
+
+    def _trainer_for(self, task: Task) -> Any:
+        from phalanx.train.trainer import Trainer
+
+        if self.trainer is not None and self.member == task.member:
+            return self.trainer
+        self.close()
+        config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
+        run_dir = Path(config.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = Trainer(config, run_dir=run_dir, show_progress=False)
+        latest = trainer.checkpoints.latest()
+        if latest is not None:  # this member trained before (elsewhere, or before a crash or resume)
+            try:
+                trainer.load_state_dict(load_checkpoint(latest, map_location=trainer.device))
+            except BaseException:
+                trainer.close()
+                raise
+        self.trainer, self.member = trainer, task.member
+        return trainer
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        self.trainer = self.member = None
+
+
+def _load_donor(checkpoint: str) -> dict[str, Any]:
+    """The donor's checkpoint; if the donor has rotated it away meanwhile, its newest one."""
+    path = Path(checkpoint)
+    with contextlib.suppress(CheckpointError):
+        return load_checkpoint(path)
+    latest = CheckpointManager(path.parent.parent).latest()
+    if latest is None:
+        raise CheckpointError(f"the member to copy has no checkpoint left in {path.parent}.")
+    return load_checkpoint(latest)
+
+
+# -- serial ---------------------------------------------------------------------------------------
+class SerialBackend:
+    """Runs each task to its end when its report is waited for, in this process (a Trainer per member)."""
+
+    name = "serial"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+        self.members: dict[str, Member] = {}
+        self.queue: list[Task] = []
+
+    def seen_resources(self) -> tuple[float, float, float | None]:
+        return float(available_cores()), float(_visible_gpus()), None
+
+    def submit(self, task: Task) -> None:
+        self.queue.append(task)
+
+    def running(self) -> list[str]:
+        return [task.member for task in self.queue]
+
+    def wait(self, timeout: float) -> list[Report]:
+        if not self.queue:
+            return []
+        task = self.queue.pop(0)
+        member = self.members.setdefault(task.member, Member(self.threads))
+        return [member.run(task)]
+
+    def stop(self, member: str) -> None:
+        self.queue = [task for task in self.queue if task.member != member]
+        if member in self.members:
+            self.members.pop(member).close()
+
+    def close(self) -> None:
+        for member in self.members.values():
+            member.close()
+        self.members = {}
+        self.queue = []
+
+
+# -- processes ------------------------------------------------------------------------------------
+class ProcessBackend:
+    """One process per running member. A process keeps its member's Trainer between tasks; a process
+    left idle goes on with the next member that needs one (rebuilt from its directory)."""
+
+    name = "process"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: list[_Worker] = []
+
+    def seen_resources(self) -> tuple[float, float, float | None]:
+        return float(available_cores()), float(_visible_gpus()), None
+
+    def submit(self, task: Task) -> None:
+        idle = [w for w in self.workers if w.task is None and w.process.is_alive()]
+        worker = next((w for w in idle if w.member == task.member), idle[0] if idle else None)
+        if worker is None:
+            worker = _Worker(self.context, self.threads)
+            self.workers.append(worker)
+        worker.send(task)
+
+    def running(self) -> list[str]:
+        return [w.task.member for w in self.workers if w.task is not None]
+
+    def wait(self, timeout: float) -> list[Report]:
+        busy = {w.connection: w for w in self.workers if w.task is not None}
+        if not busy:
+            return []
+        reports = []
+        for connection in wait_for_connections(list(busy), timeout=timeout):
+            worker = busy[connection]
+            reports.append(worker.receive())
+            if not worker.process.is_alive():
+                self.workers.remove(worker)
+        return reports
+
+    def stop(self, member: str) -> None:
+        for worker in [w for w in self.workers if w.task is not None and w.task.member == member]:
+            worker.kill()
+            self.workers.remove(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.workers = []
+
+
+class _Worker:
+    def __init__(self, context: Any, threads: int | None) -> None:
+        self.connection, child = context.Pipe()
+        watched, self.watch = context.Pipe(duplex=False)  # the child ends when this end closes
+        self.process = context.Process(target=_worker_main, args=(child, watched, threads), daemon=True)
+        self.process.start()
+        child.close()
+        watched.close()
+        self.task: Task | None = None
+        self.member: str | None = None
+
+    def send(self, task: Task) -> None:
+        self.task, self.member = task, task.member
+        self.connection.send(task)
+
+    def receive(self) -> Report:
+        task, self.task = self.task, None
+        try:
+            return self.connection.recv()
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            code = self.process.exitcode
+            return Report(task.member, error=f"the member's process died (exit code {code}) while training")
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.connection.close()
+        self.watch.close()
+
+    def close(self) -> None:
+        """Ask the process to end (a task in flight finishes, or saves on Ctrl+C); kill it if it hangs."""
+        with contextlib.suppress(OSError):
+            self.connection.send(None)
+        self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        self.connection.close()
+        self.watch.close()
+
+
+def _worker_main(connection: Any, watched: Any, threads: int | None) -> None:
+    threading.Thread(target=exit_when_closed, args=(watched,), daemon=True).start()
+    member = Member(threads)
+    try:
+        while True:
+            try:
+                task = connection.recv()
+            except (EOFError, KeyboardInterrupt):
+                break
+            if task is None:
+                break
+            connection.send(member.run(task))
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    finally:
+        member.close()
+
+
+# -- ray ------------------------------------------------------------------------------------------
+class RayBackend:
+    """One Ray actor per running member, with ``num_cpus`` and ``num_gpus`` (fractional) reserved.
+
+    An actor that dies (its node left, it was killed, it ran out of memory) is reported as a crash;
+    the orchestrator restarts the member, which a new actor rebuilds from its last checkpoint.
+    """
+
+    name = "ray"
+
+    def __init__(self, resources: Any, address: str | None, threads: int | None = None) -> None:
+        ray = import_ray()
+        self.ray = ray
+        if not ray.is_initialized():
+            try:
+                if address:
+                    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                else:
+                    ray.init(
+                        num_cpus=int(resources.cpus) if resources.cpus is not None else None,
+                        num_gpus=resources.gpus,
+                        logging_level="ERROR",
+                        log_to_driver=False,
+                    )
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                raise ConfigError(
+                    f"cannot reach the Ray cluster at --address {address!r}: {str(error).splitlines()[0]}. "
+                    "Check the address (`ray status` on the head node prints it), or pass --fallback to run "
+                    "on the process backend instead."
+                ) from None
+        self.actor_class = ray.remote(_RayMember).options(
+            num_cpus=resources.cpus_per_member, num_gpus=resources.gpus_per_member, max_restarts=0
+        )
+        self.threads = threads
+        self.actors: dict[str, Any] = {}
+        self.pending: dict[Any, Task] = {}
+
+    def seen_resources(self) -> tuple[float, float, float | None]:
+        """The resources of the nodes alive now (a node that left no longer counts)."""
+        cpus = gpus = memory = 0.0
+        for node in self.ray.nodes():
+            if node.get("Alive"):
+                total = node.get("Resources", {})
+                cpus += total.get("CPU", 0.0)
+                gpus += total.get("GPU", 0.0)
+                memory += total.get("memory", 0.0) / 2**30
+        return cpus, gpus, memory or None
+
+    def submit(self, task: Task) -> None:
+        actor = self.actors.get(task.member)
+        if actor is None:
+            actor = self.actors[task.member] = self.actor_class.remote(self.threads)
+        self.pending[actor.run.remote(task)] = task
+
+    def running(self) -> list[str]:
+        return [task.member for task in self.pending.values()]
+
+    def wait(self, timeout: float) -> list[Report]:
+        if not self.pending:
+            return []
+        done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        reports = []
+        for reference in done:
+            task = self.pending.pop(reference)
+            try:
+                reports.append(self.ray.get(reference))
+            except self.ray.exceptions.RayError as error:  # the actor died: its node left, or it was killed
+                self.actors.pop(task.member, None)
+                reports.append(
+                    Report(task.member, error=f"the member's Ray actor died: {type(error).__name__}: {error}")
+                )
+        return reports
+
+    def stop(self, member: str) -> None:
+        actor = self.actors.pop(member, None)
+        self.pending = {r: t for r, t in self.pending.items() if t.member != member}
+        if actor is not None:
+            self.ray.kill(actor)
+
+    def close(self) -> None:
+        for member in list(self.actors):
+            self.stop(member)
+
+
+class _RayMember:
+    """The Ray actor: a Member."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.member = Member(threads)
+
+    def run(self, task: Task) -> Report:
+        return self.member.run(task)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "backend 'ray' needs Ray, which is an optional extra: pip install 'phalanx[ray]' "
+            "(or choose --backend process)."
+        ) from None
+    return ray
+
+
+def _visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def make_backend(name: str, resources: Any, address: str | None = None) -> Any:
+    threads = max(1, int(resources.cpus_per_member))
+    if name == "serial":
+        return SerialBackend(threads)
+    if name == "process":
+        return ProcessBackend(threads)
+    if name == "ray":
+        return RayBackend(resources, address, threads)
+    raise ConfigError(f"backend {name!r} does not run members one by one; choose serial, process or ray.")

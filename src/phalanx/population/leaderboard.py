@@ -1,0 +1,312 @@
+"""The leaderboard: every member's scores, hyperparameters and status, and the lineage (who copied whom
+and when), persisted atomically as ``leaderboard.json`` in the population directory; the decisions
+the orchestrator takes are appended to ``decisions.jsonl`` with their reasons.
+
+``write_report`` turns it into CSV files and PNG plots: each member's curve, the hyperparameter
+schedule of the best member (followed back through the members it copied), and the lineage.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import CheckpointError
+
+LIVE = ("waiting", "running")
+
+
+@dataclass
+class MemberRecord:
+    id: str
+    seed: int
+    hyperparameters: dict[str, Any]
+    """The current values of the mutated hyperparameters."""
+    steps: int = 0
+    """Env steps trained (a copy keeps its own count; a spawned member starts from its parent's)."""
+    scores: list[list[float]] = field(default_factory=list)
+    """[steps, evaluation mean return, seconds since the population started], one per report."""
+    schedule: list[list[Any]] = field(default_factory=list)
+    """[steps, hyperparameters] each time they were set."""
+    status: str = "waiting"
+    """waiting, running, finished, or removed (with ``reason``)."""
+    restarts: int = 0
+    reason: str | None = None
+    checkpoint: str | None = None
+    """The checkpoint of the last report (what a member that copies this one loads)."""
+    pending: dict[str, Any] | None = None
+    """A copy decided but not trained yet: {donor: checkpoint, hyperparameters, start_steps}."""
+
+    @property
+    def score(self) -> float | None:
+        return self.scores[-1][1] if self.scores else None
+
+
+class Leaderboard:
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.members: dict[str, MemberRecord] = {}
+        self.lineage: list[dict[str, Any]] = []
+        self.selections = 0  # selection rounds so far: seeds the random draws, so a resume repeats them
+        self.generation = 0
+        self.started = time.time()
+        self.elapsed_before = 0.0  # seconds of earlier sessions (a resumed population)
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.directory / "leaderboard.json"
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.time() - self.started
+
+    def add(self, record: MemberRecord) -> MemberRecord:
+        record.schedule.append([record.steps, dict(record.hyperparameters)])
+        self.members[record.id] = record
+        return record
+
+    def next_id(self) -> str:
+        return f"m{len(self.members):03d}"
+
+    def live(self) -> list[MemberRecord]:
+        return [m for m in self.members.values() if m.status in LIVE]
+
+    def scores(self, members: list[str] | None = None) -> dict[str, float]:
+        """Latest score of each live (or finished) member that has one."""
+        chosen = (
+            members if members is not None else [m.id for m in self.members.values() if m.status != "removed"]
+        )
+        return {m: self.members[m].score for m in chosen if self.members[m].score is not None}
+
+    def best(self) -> MemberRecord | None:
+        scored = [m for m in self.members.values() if m.score is not None and m.status != "removed"]
+        return max(scored, key=lambda m: (m.score, -int(m.id[1:]))) if scored else None
+
+    def record(self, member: str, steps: int, score: float, checkpoint: str | None) -> None:
+        record = self.members[member]
+        record.steps = steps
+        record.scores.append([steps, score, round(self.elapsed(), 3)])
+        record.checkpoint = checkpoint
+
+    def set_hyperparameters(self, member: str, hyperparameters: dict[str, Any]) -> None:
+        record = self.members[member]
+        record.hyperparameters = dict(hyperparameters)
+        record.schedule.append([record.steps, dict(hyperparameters)])
+
+    def copied(
+        self, member: str, donor: str, kind: str, before: dict[str, Any], after: dict[str, Any]
+    ) -> None:
+        """A lineage event: ``member`` took ``donor``'s agent (exploit, replace or spawn) and ``after``."""
+        self.lineage.append(
+            {
+                "time_s": round(self.elapsed(), 3),
+                "kind": kind,
+                "member": member,
+                "steps": self.members[member].steps,
+                "donor": donor,
+                "donor_steps": self.members[donor].steps,
+                "donor_score": self.members[donor].score,
+                "hyperparameters_before": before,
+                "hyperparameters_after": after,
+            }
+        )
+
+    def log(self, event: str, reason: str, **details: Any) -> dict[str, Any]:
+        """Append a decision with its reason to decisions.jsonl; returns the entry."""
+        entry = {"time_s": round(self.elapsed(), 3), "event": event, "reason": reason, **details}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "decisions.jsonl").open("a") as file:
+            file.write(json.dumps(entry) + "\n")
+        return entry
+
+    def save(self) -> None:
+        data = {
+            "format": "phalanx-leaderboard-v1",
+            "selections": self.selections,
+            "generation": self.generation,
+            "elapsed_s": self.elapsed(),
+            "members": [dataclasses.asdict(m) for m in self.members.values()],
+            "lineage": self.lineage,
+        }
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(temporary, self.path)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Leaderboard:
+        directory = Path(directory)
+        board = cls(directory)
+        if not board.path.is_file():
+            raise CheckpointError(
+                f"{str(directory)!r} is not a population directory: leaderboard.json is missing. Pass the "
+                "directory that `phalanx population run` created (populations/<env>__<algo>__...)."
+            )
+        try:
+            data = json.loads(board.path.read_text())
+        except json.JSONDecodeError as error:
+            raise CheckpointError(
+                f"{board.path} is not valid JSON ({error}); it was not written by phalanx."
+            ) from None
+        board.members = {m["id"]: MemberRecord(**m) for m in data["members"]}
+        board.lineage = data["lineage"]
+        board.selections = data["selections"]
+        board.generation = data["generation"]
+        board.elapsed_before = data["elapsed_s"]
+        return board
+
+    # -- views -----------------------------------------------------------------------------------
+    def table(self) -> Any:
+        """The ranking as a rich Table: best score first, then the members without a score."""
+        from rich.table import Table
+
+        table = Table(title=f"population {self.directory}")
+        for column in ("rank", "member", "score", "steps", "status", "copies", "hyperparameters"):
+            table.add_column(
+                column, justify="right" if column in ("rank", "score", "steps", "copies") else "left"
+            )
+        copies = {m: sum(1 for e in self.lineage if e["member"] == m) for m in self.members}
+        ordered = sorted(
+            self.members.values(),
+            key=lambda m: (m.status == "removed", m.score is None, -(m.score or 0.0), m.id),
+        )
+        for rank, member in enumerate(ordered, start=1):
+            status = member.status + (f" ({member.reason})" if member.reason else "")
+            table.add_row(
+                str(rank),
+                member.id,
+                "-" if member.score is None else f"{member.score:.2f}",
+                f"{member.steps:,}",
+                status,
+                str(copies[member.id]),
+                ", ".join(f"{k}={_short(v)}" for k, v in member.hyperparameters.items()),
+            )
+        return table
+
+    def best_schedule(self) -> list[dict[str, Any]]:
+        """The best member's hyperparameters over its whole history: its own schedule back to its last
+        copy, then that of the member it copied up to the copy, and so on back to the start."""
+        best = self.best()
+        if best is None:
+            return []
+        rows: list[dict[str, Any]] = []
+        member, until = best.id, None
+        while member is not None:
+            copies = [
+                e for e in self.lineage if e["member"] == member and (until is None or e["steps"] <= until)
+            ]
+            last = copies[-1] if copies else None
+            since = last["steps"] if last else -1
+            own = [
+                [steps, values]
+                for steps, values in self.members[member].schedule
+                if (until is None or steps <= until) and steps >= since
+            ]
+            rows = [{"steps": s, "member": member, **v} for s, v in own] + rows
+            member, until = (last["donor"], last["donor_steps"]) if last else (None, None)
+        return rows
+
+    def write_report(self) -> Path:
+        """report/: scores.csv, lineage.csv, best_schedule.csv, curves.png, schedule.png, lineage.png."""
+        out = self.directory / "report"
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "scores.csv").open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["member", "steps", "score", "time_s", "status"])
+            for m in self.members.values():
+                for steps, score, seconds in m.scores:
+                    writer.writerow([m.id, steps, score, seconds, m.status])
+        names = sorted({k for e in self.lineage for k in e["hyperparameters_after"]})
+        with (out / "lineage.csv").open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(
+                ["time_s", "kind", "member", "steps", "donor", "donor_steps", "donor_score", *names]
+            )
+            for e in self.lineage:
+                after = e["hyperparameters_after"]
+                writer.writerow(
+                    [
+                        e["time_s"],
+                        e["kind"],
+                        e["member"],
+                        e["steps"],
+                        e["donor"],
+                        e["donor_steps"],
+                        e["donor_score"],
+                    ]
+                    + [after.get(n) for n in names]
+                )
+        schedule = self.best_schedule()
+        keys = [k for k in (schedule[0] if schedule else {}) if k not in ("steps", "member")]
+        with (out / "best_schedule.csv").open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["steps", "member", *keys])
+            for row in schedule:
+                writer.writerow([row["steps"], row["member"], *(row[k] for k in keys)])
+        self._plot(out, schedule, keys)
+        return out
+
+    def _plot(self, out: Path, schedule: list[dict[str, Any]], keys: list[str]) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        best = self.best()
+        figure, axis = plt.subplots(figsize=(8, 4.5))
+        for m in self.members.values():
+            if m.scores:
+                steps, scores = [s[0] for s in m.scores], [s[1] for s in m.scores]
+                is_best = best is not None and m.id == best.id
+                axis.plot(
+                    steps,
+                    scores,
+                    lw=2.5 if is_best else 1,
+                    alpha=1 if is_best else 0.5,
+                    label=m.id if is_best else None,
+                )
+        axis.set(
+            xlabel="env steps (member)", ylabel="evaluation return", title="members' curves (best in bold)"
+        )
+        if best is not None:
+            axis.legend()
+        figure.tight_layout()
+        figure.savefig(out / "curves.png", dpi=100)
+        plt.close(figure)
+
+        figure, axes = plt.subplots(max(len(keys), 1), 1, figsize=(8, 2.2 * max(len(keys), 1)), squeeze=False)
+        for axis, key in zip(axes[:, 0], keys, strict=False):
+            axis.step([r["steps"] for r in schedule], [r[key] for r in schedule], where="post")
+            axis.set(ylabel=key)
+        axes[-1, 0].set(xlabel="env steps")
+        axes[0, 0].set(title=f"hyperparameter schedule of the best member ({best.id if best else '-'})")
+        figure.tight_layout()
+        figure.savefig(out / "schedule.png", dpi=100)
+        plt.close(figure)
+
+        order = {m: i for i, m in enumerate(self.members)}
+        figure, axis = plt.subplots(figsize=(8, 0.35 * len(order) + 1.5))
+        for m in self.members.values():
+            if m.scores:
+                axis.plot([m.scores[0][2], m.scores[-1][2]], [order[m.id]] * 2, color="grey", lw=1)
+        for e in self.lineage:
+            axis.annotate(
+                "",
+                xy=(e["time_s"], order[e["member"]]),
+                xytext=(e["time_s"], order[e["donor"]]),
+                arrowprops={"arrowstyle": "->", "color": "tab:red" if e["kind"] == "spawn" else "tab:blue"},
+            )
+        axis.set_yticks(range(len(order)), list(order))
+        axis.set(xlabel="seconds", title="lineage: arrows from the copied member to the one that copied it")
+        figure.tight_layout()
+        figure.savefig(out / "lineage.png", dpi=100)
+        plt.close(figure)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,472 @@
+"""The orchestrator: runs a population on a backend, selects, and fits it to the resources it is given.
+
+It runs as many members at once as fit (``Resources.slots`` of what the backend sees, at most
+``max_concurrent``) and queues the rest, the members with the fewest steps first. When the resources
+shrink (a Ray node leaves, or ``phalanx population scale DIR --max-concurrent N`` lowers the limit while
+it runs) it ends the weakest members; when they grow it spawns members from the strongest. Every
+decision goes to ``decisions.jsonl`` with its reason, and the leaderboard is saved after each report,
+so that ``phalanx population resume DIR`` goes on from there after the orchestrator is killed.
+
+Population directory::
+
+    population.yaml    the resolved PopulationConfig
+    leaderboard.json   members, scores, hyperparameters, lineage (atomic)
+    decisions.jsonl    every decision with its reason
+    control.json       optional: {"max_concurrent": N}, read while running
+    members/m000/ ...  each member's ordinary run directory
+    best/              the best member, exported as a run directory (`phalanx eval DIR/best`)
+    report/            scores.csv, lineage.csv, best_schedule.csv, curves.png, schedule.png, lineage.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError, PhalanxError
+from phalanx.population.backends import Report, Task, make_backend
+from phalanx.population.evolution import (
+    PopulationConfig,
+    explore,
+    generational_plan,
+    initial_hyperparameters,
+    member_config,
+    ranking,
+    split,
+    tournament_donor,
+)
+from phalanx.population.leaderboard import Leaderboard, MemberRecord
+
+MEMBER_SEED_STRIDE = 10_000
+"""Member k trains with seed base.seed + k * MEMBER_SEED_STRIDE (its sub-envs' seeds do not overlap)."""
+
+
+@dataclass
+class PopulationResult:
+    directory: Path
+    best_member: str | None
+    best_score: float | None
+    best_run_dir: Path | None
+    """The best member exported as an ordinary run directory."""
+
+
+class PopulationInterrupted(PhalanxError):
+    """Ctrl+C: the members saved checkpoints and the leaderboard is saved; resume continues."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(
+            f"population interrupted; every member saved a checkpoint. Continue with "
+            f"`phalanx population resume {directory}`."
+        )
+        self.directory = directory
+
+
+def default_directory(config: PopulationConfig) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("populations") / f"{config.base.env.replace('/', '-')}__{config.base.algo}__{stamp}"
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        config: PopulationConfig,
+        board: Leaderboard,
+        backend: Any,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.board = board
+        self.backend = backend
+        self.say = say or (lambda message: None)
+        self.directory = board.directory
+        self.capacity = self.fit()
+        self.minimum = 2 if config.strategy == "tournament" else 1
+
+    # -- resources -------------------------------------------------------------------------------
+    def fit(self) -> int:
+        """How many members fit now: the resources told, capped by what the backend sees and by
+        control.json's max_concurrent."""
+        resources = self.config.resources
+        control = self.directory / "control.json"
+        if control.is_file():
+            try:
+                limit = json.loads(control.read_text()).get("max_concurrent")
+            except (json.JSONDecodeError, OSError):
+                limit = None  # a half-written file: read it on the next round
+            if limit is not None:
+                resources = dataclasses.replace(resources, max_concurrent=int(limit))
+        cpus, gpus, memory = self.backend.seen_resources()
+        cpus = min(cpus, resources.cpus) if resources.cpus is not None else cpus
+        gpus = min(gpus, resources.gpus) if resources.gpus is not None else gpus
+        memory = resources.memory_gb if memory is None else min(memory, resources.memory_gb or memory)
+        return resources.slots(cpus, gpus, memory)
+
+    def adapt(self) -> None:
+        """Elasticity: end the weakest members when the capacity shrank; spawn from the best if it grew."""
+        capacity = self.fit()
+        if capacity == self.capacity:
+            return
+        before, self.capacity = self.capacity, capacity
+        live = self.board.live()
+        if capacity < before:
+            excess = min(before - capacity, len(live) - self.minimum)
+            weakest = sorted(live, key=lambda m: (m.score is not None, m.score or 0.0, -int(m.id[1:])))
+            for member in weakest[: max(excess, 0)]:
+                self.backend.stop(member.id)
+                member.status, member.reason = "removed", f"culled: capacity {before} -> {capacity}"
+                self.decide(
+                    "cull",
+                    member.id,
+                    f"the resources shrank: {capacity} members fit instead of {before}; {member.id} is the "
+                    "weakest "
+                    f"live member (score {_score(member.score)})",
+                )
+            if excess < before - capacity:
+                self.decide(
+                    "keep", None, f"kept {len(self.board.live())} members, the least this strategy needs"
+                )
+            return
+        best = self.board.best()
+        for _ in range(capacity - before):
+            self.spawn(best, f"the resources grew: {capacity} members fit instead of {before}")
+
+    def spawn(self, parent: MemberRecord | None, reason: str) -> MemberRecord:
+        rng = self.rng()
+        index = len(self.board.members)
+        if parent is None or parent.checkpoint is None:
+            hyperparameters = initial_hyperparameters(self.config, rng)
+            record = self.board.add(
+                MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters)
+            )
+            self.decide("spawn", record.id, f"{reason}; no member has been scored yet: a new member")
+            return record
+        hyperparameters = explore(parent.hyperparameters, self.config.mutations, rng)
+        record = self.board.add(
+            MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters, steps=parent.steps)
+        )
+        record.pending = {
+            "donor": parent.checkpoint,
+            "hyperparameters": hyperparameters,
+            "start_steps": parent.steps,
+        }
+        self.board.copied(record.id, parent.id, "spawn", dict(parent.hyperparameters), hyperparameters)
+        self.decide(
+            "spawn",
+            record.id,
+            f"{reason}; copies the strongest, {parent.id} (score {_score(parent.score)}), "
+            f"with {hyperparameters}",
+        )
+        return record
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> PopulationResult:
+        if self.capacity < 1:
+            raise ConfigError(self.too_small())
+        self.say(f"population {self.directory}: {len(self.board.live())} members, {self.capacity} at once")
+        interrupted = False
+        try:
+            while True:
+                self.adapt()
+                self.dispatch()
+                if not self.backend.running() and not self.waiting():
+                    if self.config.strategy == "generational" and self.generation_done():
+                        self.select_generation()
+                        continue
+                    break
+                for report in self.backend.wait(timeout=1.0):
+                    interrupted |= self.handle(report)
+                if self.config.strategy == "generational" and self.generation_done():
+                    self.select_generation()
+                self.board.save()
+                if interrupted:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            self.backend.close()  # a member in flight saves its checkpoint as it ends
+            for member in self.board.live():
+                member.status = "waiting"
+            self.decide("interrupt", None, "Ctrl+C: members saved checkpoints; resume goes on from them")
+            self.board.save()
+            raise PopulationInterrupted(self.directory) from None
+        finally:
+            self.backend.close()
+        return self.finish()
+
+    def waiting(self) -> list[MemberRecord]:
+        """Members ready for their next interval, the fewest steps first."""
+        limit = self.generation_target() if self.config.strategy == "generational" else None
+        ready = [
+            m
+            for m in self.board.live()
+            if m.status == "waiting"
+            and (limit is None or m.steps < limit)
+            and m.steps < self.config.base.total_steps
+        ]
+        return sorted(ready, key=lambda m: (m.steps, m.id))
+
+    def dispatch(self) -> None:
+        free = self.capacity - len(self.backend.running())
+        for member in self.waiting()[: max(free, 0)]:
+            pending = member.pending or {}
+            target = min(member.steps + self.config.interval, self.config.base.total_steps)
+            if self.config.strategy == "generational":
+                target = min(self.generation_target(), self.config.base.total_steps)
+            config = member_config(
+                self.config, member.seed, member.hyperparameters, self.member_dir(member.id)
+            )
+            self.backend.submit(
+                Task(
+                    member.id,
+                    config.to_dict(),
+                    target,
+                    donor=pending.get("donor"),
+                    hyperparameters=pending.get("hyperparameters"),
+                    start_steps=pending.get("start_steps"),
+                )
+            )
+            member.status = "running"
+
+    def handle(self, report: Report) -> bool:
+        """Take a member's report: its score, a crash, or Ctrl+C (returns True)."""
+        member = self.board.members[report.member]
+        if member.status == "removed":
+            return False
+        if report.interrupted:
+            return True
+        if report.error is not None:
+            member.restarts += 1
+            last_line = report.error.strip().splitlines()[-1]
+            if member.restarts > self.config.max_restarts:
+                member.status = "removed"
+                member.reason = f"crashed {member.restarts} times"
+                self.decide(
+                    "remove",
+                    member.id,
+                    f"crashed {member.restarts} times (max_restarts = {self.config.max_restarts}); "
+                    f"last error: {last_line}",
+                    error=report.error,
+                )
+            else:
+                member.status = "waiting"
+                self.decide(
+                    "restart",
+                    member.id,
+                    f"crashed ({last_line}); restart {member.restarts} of {self.config.max_restarts} "
+                    "from its last "
+                    "checkpoint",
+                    error=report.error,
+                )
+            return False
+        self.board.record(member.id, report.steps, report.score, report.checkpoint)
+        member.pending = None
+        finished = member.steps >= self.config.base.total_steps
+        member.status = "finished" if finished else "waiting"
+        self.say(
+            f"{member.id}: score {_score(report.score)} at {member.steps:,} steps ({report.seconds:.1f} s)"
+        )
+        if self.config.strategy == "tournament" and not finished:
+            self.select_tournament(member)
+        return False
+
+    # -- selection -------------------------------------------------------------------------------
+    def rng(self) -> random.Random:
+        """The random draws of the next decision: seeded by the base seed and the decisions so far, so
+        that a resumed population draws what it would have drawn."""
+        self.board.selections += 1
+        return random.Random(self.config.base.seed * 1_000_003 + self.board.selections)
+
+    def select_tournament(self, member: MemberRecord) -> None:
+        scores = self.board.scores()
+        if len(scores) < 2:
+            return
+        donor = tournament_donor(
+            member.id, scores, self.config.replace_fraction, self.config.tournament_size, self.rng()
+        )
+        if donor is None:
+            return
+        rank = ranking(scores).index(member.id) + 1
+        self.copy(
+            member,
+            self.board.members[donor],
+            "exploit",
+            f"score {_score(member.score)} ranks {rank} of {len(scores)}, in the bottom "
+            f"{self.config.replace_fraction:.0%}",
+        )
+
+    def generation_target(self) -> int:
+        return (self.board.generation + 1) * self.config.interval
+
+    def generation_done(self) -> bool:
+        live = self.board.live()
+        target = min(self.generation_target(), self.config.base.total_steps)
+        return (
+            bool(live)
+            and all(m.status == "waiting" and m.steps >= target for m in live)
+            and (target < self.config.base.total_steps)
+        )
+
+    def select_generation(self) -> None:
+        live = [m.id for m in self.board.live()]
+        scores = self.board.scores(live)
+        rng = self.rng()
+        plan = (
+            generational_plan(scores, self.config.replace_fraction, self.config.tournament_size, rng)
+            if len(scores) >= 2
+            else []
+        )
+        top, _ = split(scores, self.config.replace_fraction) if len(scores) >= 2 else ([], [])
+        for replaced, donor in plan:
+            self.copy(
+                self.board.members[replaced],
+                self.board.members[donor],
+                "replace",
+                f"generation {self.board.generation}: in the bottom {self.config.replace_fraction:.0%} "
+                f"(top: {', '.join(top)})",
+            )
+        self.board.generation += 1
+        self.decide(
+            "generation", None, f"generation {self.board.generation} starts; {len(plan)} members replaced"
+        )
+
+    def copy(self, member: MemberRecord, donor: MemberRecord, kind: str, why: str) -> None:
+        before = dict(member.hyperparameters)
+        after = explore(donor.hyperparameters, self.config.mutations, self.rng())
+        member.pending = {"donor": donor.checkpoint, "hyperparameters": after, "start_steps": None}
+        self.board.copied(member.id, donor.id, kind, before, after)
+        self.board.set_hyperparameters(member.id, after)
+        self.decide(
+            kind, member.id, f"{why}; copies {donor.id} (score {_score(donor.score)}) and mutates to {after}"
+        )
+
+    def decide(self, event: str, member: str | None, reason: str, **details: Any) -> None:
+        self.board.log(event, reason, member=member, **details)
+        self.say(f"{event}{' ' + member if member else ''}: {reason}")
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self) -> PopulationResult:
+        self.board.save()
+        self.board.write_report()
+        best = self.board.best()
+        exported = None
+        if best is not None:
+            exported = self.directory / "best"
+            shutil.rmtree(exported, ignore_errors=True)
+            shutil.copytree(self.member_dir(best.id), exported)
+            (exported / "population.json").write_text(
+                json.dumps(
+                    {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters},
+                    indent=1,
+                )
+                + "\n"
+            )
+            self.decide(
+                "best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}"
+            )
+        return PopulationResult(
+            self.directory, best.id if best else None, best.score if best else None, exported
+        )
+
+    def member_dir(self, member: str) -> Path:
+        return self.directory / "members" / member
+
+    def member_seed(self, index: int) -> int:
+        return self.config.base.seed + index * MEMBER_SEED_STRIDE
+
+    def too_small(self) -> str:
+        r = self.config.resources
+        cpus, gpus, memory = self.backend.seen_resources()
+        given = f"cpus={r.cpus}, gpus={r.gpus}, memory_gb={r.memory_gb}, max_concurrent={r.max_concurrent}"
+        return (
+            f"the resources fit no member: one member needs {r.cpus_per_member} CPU(s), "
+            f"{r.gpus_per_member} GPU(s) and {r.memory_per_member_gb} GB of memory, but the orchestrator was "
+            f"given {given} and the {self.backend.name} backend sees {cpus:g} CPUs, {gpus:g} GPUs"
+            f"{f', {memory:g} GB' if memory else ''}. Lower resources.cpus_per_member / gpus_per_member / "
+            "memory_per_member_gb, or give more resources (resources.cpus / gpus / max_concurrent)."
+        )
+
+
+def _score(score: float | None) -> str:
+    return "-" if score is None else f"{score:.2f}"
+
+
+# -- entry points ---------------------------------------------------------------------------------
+def run_population(config: PopulationConfig, show_progress: bool = True) -> PopulationResult:
+    """Train a population from ``config`` in a new population directory; returns the best member."""
+    config.validate()
+    if config.backend == "vectorized":
+        from phalanx.population.vectorized import run_vectorized
+
+        return run_vectorized(config, show_progress=show_progress)
+    backend = _backend(config)
+    try:
+        directory = Path(config.directory) if config.directory else default_directory(config)
+        if (directory / "leaderboard.json").exists():
+            raise ConfigError(
+                f"{directory} already holds a population. Continue it with `phalanx population resume "
+                f"{directory}`, or choose another --dir."
+            )
+        board = Leaderboard(directory)
+        orchestrator = Orchestrator(config, board, backend, _say(show_progress))
+        if orchestrator.capacity < 1:
+            raise ConfigError(orchestrator.too_small())
+        directory.mkdir(parents=True, exist_ok=True)
+        config.directory = str(directory)
+        config.save(directory / "population.yaml")
+        for index in range(config.size):
+            rng = random.Random(config.base.seed * 1_000_003 - index - 1)
+            board.add(
+                MemberRecord(
+                    board.next_id(), orchestrator.member_seed(index), initial_hyperparameters(config, rng)
+                )
+            )
+        board.save()
+    except BaseException:
+        backend.close()
+        raise
+    return orchestrator.run()
+
+
+def resume_population(directory: str | Path, show_progress: bool = True) -> PopulationResult:
+    """Continue a population from its leaderboard and its members' last checkpoints."""
+    directory = Path(directory)
+    board = Leaderboard.load(directory)
+    config = PopulationConfig.from_yaml(directory / "population.yaml")
+    config.validate()
+    if config.backend == "vectorized":
+        from phalanx.population.vectorized import run_vectorized
+
+        return run_vectorized(config, show_progress=show_progress, resume=True)
+    for member in board.live():
+        member.status = "waiting"
+    backend = _backend(config)
+    orchestrator = Orchestrator(config, board, backend, _say(show_progress))
+    orchestrator.decide("resume", None, f"resumed with {len(board.live())} live members")
+    return orchestrator.run()
+
+
+def _backend(config: PopulationConfig) -> Any:
+    if config.backend != "ray":
+        return make_backend(config.backend, config.resources)
+    try:
+        return make_backend("ray", config.resources, config.address)
+    except ConfigError:
+        if not config.fallback:
+            raise
+        config.backend = "process"
+        return make_backend("process", config.resources)
+
+
+def _say(show_progress: bool) -> Callable[[str], None] | None:
+    if not show_progress:
+        return None
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    return lambda message: console.print(escape(message), highlight=False)
