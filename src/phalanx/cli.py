@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import itertools
 import signal
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -329,28 +331,47 @@ POPULATION_USAGE = """usage: phalanx population COMMAND ...
 """
 
 
-def population_cli_class() -> type:
-    """The population's own flags (PopulationConfig and Resources fields, each defined once there)."""
+def population_cli_class(data: dict[str, Any]) -> type:
+    """The population's own flags, from the PopulationConfig and Resources fields (each defined and
+    documented once there); their defaults are the population file's values (``data``) if it has them."""
     import tyro
 
     from phalanx.population.evolution import PopulationConfig, Resources
 
-    fields = []
-    for source in (PopulationConfig, Resources):
+    fields: list[tuple[str, Any, Any]] = []
+    for source, values in ((PopulationConfig, data), (Resources, data.get("resources") or {})):
+        types, docs = typing.get_type_hints(source), _field_docs(source)
         for f in dataclasses.fields(source):
-            if f.name not in ("base", "mutations", "resources"):
-                fields.append((f.name, f.type, dataclasses.field(default=None)))
+            if f.name in ("base", "mutations", "resources"):
+                continue
+            default = values.get(f.name, f.default)
+            aliases = ("--dir",) if f.name == "directory" else ()
+            annotation = Annotated[types[f.name], tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
+            fields.append((f.name, annotation, dataclasses.field(default=default)))
+    mutate_help = "NAME=KIND:ARGS (repeatable), e.g. learning_rate=perturb:0.8,1.2 or gamma=steps:0.95,0.99"
     fields.append(
-        (
-            "mutate",
-            Annotated[
-                tuple[str, ...], tyro.conf.arg(help="NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2")
-            ],
-            dataclasses.field(default=()),
-        )
+        ("mutate", Annotated[tuple[str, ...], tyro.conf.arg(help=mutate_help)], dataclasses.field(default=()))
     )
-    fields.append(("dir", Annotated[str | None, tyro.conf.arg(help="population directory")], None))
     return dataclasses.make_dataclass("PopulationFlags", fields)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstrings under a dataclass's fields (the text the config modules document them with)."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for statement, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
 
 
 def parse_population_args(argv: list[str]) -> Any:
@@ -365,34 +386,26 @@ def parse_population_args(argv: list[str]) -> Any:
     if argv and argv[0].endswith((".yaml", ".yml")):
         data, where = load_yaml(argv[0]), f"population config {argv[0]!r}"
         argv = argv[1:]
-    positional = [a for a in argv[:2] if not a.startswith("-")]
+    positional = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[:2]))  # ALGO ENV
     rest = argv[len(positional) :]
-    if any(a in ("-h", "--help") for a in rest) and not positional:
-        print(POPULATION_USAGE)
     flags, train_args = tyro.cli(
-        population_cli_class(),
+        population_cli_class(data),
         args=rest,
         return_unknown_args=True,
         prog="phalanx population run",
-        description="Population flags (the train flags of `phalanx train ALGO ENV --help` set the base).",
+        description="Population flags; the train flags of `phalanx train ALGO ENV --help` set the members' "
+        "base config (a population file's base, if given, first).",
         config=(tyro.conf.OmitArgPrefixes,),
     )
-    base = dict(data.pop("base", None) or {})
+    base = dict(data.get("base") or {})
     if len(positional) < 2:
-        positional = [base.get("algo", ""), base.get("env", "")]
-        positional = [p for p in positional if p]
+        positional = [p for p in (base.get("algo"), base.get("env")) if p]
     base = {k: v for k, v in base.items() if k not in ("algo", "env")}
     train_config = parse_train_args(
         positional + train_args, settings=base, where=where, prog="phalanx population run"
     )
-    data["base"] = train_config.to_dict()
     resource_names = {f.name for f in dataclasses.fields(Resources)}
-    resources = dict(data.pop("resources", None) or {})
-    mutations = dict(data.pop("mutations", None) or {})
-    for name, value in vars(flags).items():
-        if name in ("mutate", "dir") or value is None:
-            continue
-        (resources if name in resource_names else data)[name] = value
+    mutations = dict(data.get("mutations") or {})
     for spec in flags.mutate:
         name, equals, kind = spec.partition("=")
         if not equals:
@@ -400,9 +413,12 @@ def parse_population_args(argv: list[str]) -> Any:
                 f"--mutate {spec!r}: expected NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2"
             )
         mutations[name.strip()] = kind
-    if flags.dir is not None:
-        data["directory"] = flags.dir
-    config = PopulationConfig.from_dict({**data, "resources": resources, "mutations": mutations}, where=where)
+    settings = {k: v for k, v in vars(flags).items() if k != "mutate" and k not in resource_names}
+    resources = {k: v for k, v in vars(flags).items() if k in resource_names}
+    config = PopulationConfig.from_dict(
+        {**settings, "base": train_config.to_dict(), "resources": resources, "mutations": mutations},
+        where=where,
+    )
     config.validate()
     return config
 

@@ -17,6 +17,7 @@ The orchestrator submits tasks and waits for reports; it never knows which backe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import threading
 import time
@@ -47,6 +48,8 @@ class Task:
     """Hyperparameters to set first (the mutated ones)."""
     start_steps: int | None = None
     """A new member spawned from another: start its step count here."""
+    envs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """{env_id: factory} of an env the caller registered (phalanx.envs.register_env), for other processes."""
 
 
 @dataclass
@@ -72,10 +75,13 @@ class Member:
             torch.set_num_threads(threads)
 
     def run(self, task: Task) -> Report:
+        from phalanx.envs.registry import register_env
         from phalanx.train.trainer import TrainingInterrupted
 
         started = time.perf_counter()
         try:
+            for env_id, factory in task.envs.items():
+                register_env(env_id, factory, overwrite=True)
             trainer = self._trainer_for(task)
             if task.donor is not None:
                 trainer.adopt(_load_donor(task.donor), task.hyperparameters, steps=task.start_steps)

@@ -43,6 +43,7 @@ from phalanx.population.evolution import (
     tournament_donor,
 )
 from phalanx.population.leaderboard import Leaderboard, MemberRecord
+from phalanx.train.trainer import picklable_factory
 
 MEMBER_SEED_STRIDE = 10_000
 """Member k trains with seed base.seed + k * MEMBER_SEED_STRIDE (its sub-envs' seeds do not overlap)."""
@@ -88,6 +89,13 @@ class Orchestrator:
         self.directory = board.directory
         self.capacity = self.fit()
         self.minimum = 2 if config.strategy == "tournament" else 1
+        self.envs = {}
+        if backend.name != "serial":
+            self.envs = picklable_factory(
+                config.base.env,
+                f"the {backend.name} backend trains members in other processes",
+                "use --backend serial",
+            )
 
     # -- resources -------------------------------------------------------------------------------
     def fit(self) -> int:
@@ -228,6 +236,7 @@ class Orchestrator:
                     donor=pending.get("donor"),
                     hyperparameters=pending.get("hyperparameters"),
                     start_steps=pending.get("start_steps"),
+                    envs=self.envs,
                 )
             )
             member.status = "running"

@@ -833,7 +833,9 @@ def _launch(
         "config": config.to_dict(),
         "run_dir": str(run_dir) if run_dir is not None else None,
         "show_progress": show_progress,
-        "envs": _picklable_factory(config.env),  # an id the caller registered exists in the learners too
+        "envs": picklable_factory(
+            config.env, "num_learners > 1 starts a process per learner", "use --learners 1"
+        ),  # an id the caller registered exists in the learners too
     }
 
     def on_report(kind: str, value: Any) -> None:
@@ -850,8 +852,9 @@ def _launch(
     return TrainResult(Path(run), summary)
 
 
-def _picklable_factory(env_id: str) -> dict[str, Any]:
-    """``{env_id: factory}`` if ``env_id`` was added with register_env, checked to reach new processes."""
+def picklable_factory(env_id: str, why: str, instead: str) -> dict[str, Any]:
+    """``{env_id: factory}`` if ``env_id`` was added with register_env, checked to reach new processes
+    (``why`` they are started and what to do ``instead`` go into the error)."""
     factory = registered_factories().get(env_id)
     if factory is None:
         return {}
@@ -859,10 +862,9 @@ def _picklable_factory(env_id: str) -> dict[str, Any]:
         pickle.dumps(factory)
     except Exception as error:
         raise ConfigError(
-            f"num_learners > 1 starts a process per learner, and each must build {env_id!r} with its factory "
-            f"{factory!r}, which cannot be sent to another process ({type(error).__name__}: {error}). "
-            "Define the factory at the top level of an importable module (not in __main__, a notebook "
-            "or a function), or use --learners 1."
+            f"{why}, and each must build {env_id!r} with its factory {factory!r}, which cannot be sent to "
+            f"another process ({type(error).__name__}: {error}). Define the factory at the top level of an "
+            f"importable module (not in __main__, a notebook or a function), or {instead}."
         ) from error
     return {env_id: factory}
 
