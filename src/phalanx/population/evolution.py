@@ -265,6 +265,21 @@ class PopulationConfig:
             _is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0"
         )
         self.resources.validate()
+        if self.backend == "vectorized":
+            from phalanx.population.vectorized import MEMBER_HYPERPARAMETERS
+
+            if self.base.algo != "ppo":
+                raise ConfigError(
+                    f"backend 'vectorized' trains PPO members as one batched network, but algo is "
+                    f"{self.base.algo!r}. Use algo ppo, or the process backend for {self.base.algo}."
+                )
+            fixed = sorted(set(self.mutations) - set(MEMBER_HYPERPARAMETERS))
+            if fixed:
+                raise ConfigError(
+                    f"backend 'vectorized' shares {fixed} across its members (they shape the batched "
+                    f"networks or the rollout); it can mutate {', '.join(MEMBER_HYPERPARAMETERS)}. Drop "
+                    "those mutations, or use the process backend."
+                )
         hyperparameters = self.base.hyperparameters
         valid = sorted(f.name for f in dataclasses.fields(hyperparameters))
         for name, mutation in self.mutations.items():

@@ -125,8 +125,8 @@ class Leaderboard:
             file.write(json.dumps(entry) + "\n")
         return entry
 
-    def save(self) -> None:
-        data = {
+    def to_dict(self) -> dict[str, Any]:
+        return {
             "format": "phalanx-leaderboard-v1",
             "selections": self.selections,
             "generation": self.generation,
@@ -134,31 +134,37 @@ class Leaderboard:
             "members": [dataclasses.asdict(m) for m in self.members.values()],
             "lineage": self.lineage,
         }
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(temporary, self.path)
 
     @classmethod
-    def load(cls, directory: str | Path) -> Leaderboard:
-        directory = Path(directory)
+    def from_dict(cls, directory: str | Path, data: dict[str, Any]) -> Leaderboard:
         board = cls(directory)
-        if not board.path.is_file():
-            raise CheckpointError(
-                f"{str(directory)!r} is not a population directory: leaderboard.json is missing. Pass the "
-                "directory that `phalanx population run` created (populations/<env>__<algo>__...)."
-            )
-        try:
-            data = json.loads(board.path.read_text())
-        except json.JSONDecodeError as error:
-            raise CheckpointError(
-                f"{board.path} is not valid JSON ({error}); it was not written by phalanx."
-            ) from None
         board.members = {m["id"]: MemberRecord(**m) for m in data["members"]}
         board.lineage = data["lineage"]
         board.selections = data["selections"]
         board.generation = data["generation"]
         board.elapsed_before = data["elapsed_s"]
         return board
+
+    def save(self) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(temporary, self.path)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Leaderboard:
+        path = cls(directory).path
+        if not path.is_file():
+            raise CheckpointError(
+                f"{str(directory)!r} is not a population directory: leaderboard.json is missing. Pass the "
+                "directory that `phalanx population run` created (populations/<env>__<algo>__...)."
+            )
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise CheckpointError(
+                f"{path} is not valid JSON ({error}); it was not written by phalanx."
+            ) from None
+        return cls.from_dict(directory, data)
 
     # -- views -----------------------------------------------------------------------------------
     def table(self) -> Any:

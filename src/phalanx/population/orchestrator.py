@@ -385,7 +385,7 @@ class Orchestrator:
         return self.directory / "members" / member
 
     def member_seed(self, index: int) -> int:
-        return self.config.base.seed + index * MEMBER_SEED_STRIDE
+        return member_seed(self.config, index)
 
     def too_small(self) -> str:
         r = self.config.resources
@@ -400,19 +400,151 @@ class Orchestrator:
         )
 
 
+def member_seed(config: PopulationConfig, index: int) -> int:
+    return config.base.seed + index * MEMBER_SEED_STRIDE
+
+
 def _score(score: float | None) -> str:
     return "-" if score is None else f"{score:.2f}"
+
+
+# -- vectorized ------------------------------------------------------------------------------------
+class VectorizedRun:
+    """A population as one VectorizedPPO: every member trains an interval together, all are evaluated,
+    then the same selection rules copy member slices (tournament: each member of the bottom fraction
+    copies a tournament winner of the top; generational: the same plan). One process, one device; no
+    orchestrator (nothing to schedule). Its checkpoint, in vectorized/, holds the engine and the
+    leaderboard together, so a resume continues from a consistent pair."""
+
+    def __init__(
+        self,
+        config: PopulationConfig,
+        board: Leaderboard,
+        say: Callable[[str], None] | None,
+        resume: bool = False,
+    ) -> None:
+        from phalanx.population.vectorized import VectorizedPPO
+        from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+
+        self.config, self.board, self.say = config, board, say or (lambda message: None)
+        self.members = list(board.members)  # member i of the engine is the i-th record
+        self.engine = VectorizedPPO(
+            config.base,
+            [board.members[m].seed for m in self.members],
+            [board.members[m].hyperparameters for m in self.members],
+        )
+        self.checkpoints = CheckpointManager(board.directory / "vectorized", keep=2)
+        latest = self.checkpoints.latest() if resume else None
+        if latest is not None:
+            state = load_checkpoint(latest, map_location=self.engine.device)
+            self.engine.load_state_dict(state["engine"])
+            restored = Leaderboard.from_dict(board.directory, json.loads(state["leaderboard"]))
+            self.board.members, self.board.lineage = restored.members, restored.lineage
+            self.board.selections, self.board.generation = restored.selections, restored.generation
+            self.board.save()
+            self.decide("resume", None, f"resumed the vectorized population at {self.engine.steps:,} steps")
+
+    def decide(self, event: str, member: str | None, reason: str) -> None:
+        self.board.log(event, reason, member=member)
+        self.say(f"{event}{' ' + member if member else ''}: {reason}")
+
+    def run(self) -> PopulationResult:
+        config, board, engine = self.config, self.board, self.engine
+        total = config.base.total_steps
+        try:
+            while engine.steps < total:
+                engine.train(min(config.interval, total - engine.steps))
+                scores = engine.evaluate(config.base.eval_episodes).tolist()
+                for member, score in zip(self.members, scores, strict=True):
+                    board.record(member, engine.steps, score, None)
+                median = sorted(scores)[len(scores) // 2]
+                self.say(f"{engine.steps:,} steps: best {max(scores):.2f}, median {median:.2f}")
+                if engine.steps < total:
+                    self.select()
+                state = {"engine": engine.state_dict(), "leaderboard": json.dumps(board.to_dict())}
+                self.checkpoints.save(engine.steps, state)
+                board.save()
+        except KeyboardInterrupt:
+            self.decide(
+                "interrupt", None, f"Ctrl+C at {engine.steps:,} steps; resume goes on from the last interval"
+            )
+            raise PopulationInterrupted(board.directory) from None
+        finally:
+            engine.close()
+        for member in board.members.values():
+            member.status = "finished"
+        return self.finish()
+
+    def select(self) -> None:
+        board, config = self.board, self.config
+        scores = board.scores(self.members)
+        rng = random.Random(config.base.seed * 1_000_003 + board.selections)
+        board.selections += 1
+        if config.strategy == "generational":
+            plan = generational_plan(scores, config.replace_fraction, config.tournament_size, rng)
+            kind, why = (
+                "replace",
+                f"generation {board.generation}: in the bottom {config.replace_fraction:.0%}",
+            )
+            board.generation += 1
+        else:
+            plan = [
+                (member, donor)
+                for member in self.members
+                if (
+                    donor := tournament_donor(
+                        member, scores, config.replace_fraction, config.tournament_size, rng
+                    )
+                )
+            ]
+            kind, why = "exploit", f"in the bottom {config.replace_fraction:.0%}"
+        for member, donor in plan:
+            target, source = self.members.index(member), self.members.index(donor)
+            after = explore(board.members[donor].hyperparameters, config.mutations, rng)
+            before = dict(board.members[member].hyperparameters)
+            self.engine.copy_member(source, target)
+            self.engine.set_hyperparameters(target, after)
+            board.copied(member, donor, kind, before, after)
+            board.set_hyperparameters(member, after)
+            self.decide(
+                kind,
+                member,
+                f"score {_score(scores[member])} {why}; copies {donor} (score {_score(scores[donor])}) "
+                f"and mutates to {after}",
+            )
+
+    def finish(self) -> PopulationResult:
+        """The report, and the best member written as an ordinary run directory (best/)."""
+        from phalanx.config import TrainConfig, save_yaml
+        from phalanx.train.checkpoint import CheckpointManager
+
+        board = self.board
+        board.save()
+        board.write_report()
+        best = board.best()
+        exported = board.directory / "best"
+        shutil.rmtree(exported, ignore_errors=True)
+        state = self.engine.member_agent_state(self.members.index(best.id))
+        exported.mkdir(parents=True)
+        save_yaml(TrainConfig.from_dict(state["config"]), exported / "config.yaml")
+        manager = CheckpointManager(exported)
+        manager.save(self.engine.steps, state)
+        manager.save_best(state)
+        (exported / "population.json").write_text(
+            json.dumps(
+                {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}, indent=1
+            )
+            + "\n"
+        )
+        self.decide("best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}")
+        return PopulationResult(board.directory, best.id, best.score, exported)
 
 
 # -- entry points ---------------------------------------------------------------------------------
 def run_population(config: PopulationConfig, show_progress: bool = True) -> PopulationResult:
     """Train a population from ``config`` in a new population directory; returns the best member."""
     config.validate()
-    if config.backend == "vectorized":
-        from phalanx.population.vectorized import run_vectorized
-
-        return run_vectorized(config, show_progress=show_progress)
-    backend = _backend(config)
+    backend = _backend(config) if config.backend != "vectorized" else None
     try:
         directory = Path(config.directory) if config.directory else default_directory(config)
         if (directory / "leaderboard.json").exists():
@@ -421,23 +553,25 @@ def run_population(config: PopulationConfig, show_progress: bool = True) -> Popu
                 f"{directory}`, or choose another --dir."
             )
         board = Leaderboard(directory)
-        orchestrator = Orchestrator(config, board, backend, _say(show_progress))
-        if orchestrator.capacity < 1:
-            raise ConfigError(orchestrator.too_small())
+        orchestrator = None
+        if backend is not None:
+            orchestrator = Orchestrator(config, board, backend, _say(show_progress))
+            if orchestrator.capacity < 1:
+                raise ConfigError(orchestrator.too_small())
         directory.mkdir(parents=True, exist_ok=True)
         config.directory = str(directory)
         config.save(directory / "population.yaml")
         for index in range(config.size):
             rng = random.Random(config.base.seed * 1_000_003 - index - 1)
-            board.add(
-                MemberRecord(
-                    board.next_id(), orchestrator.member_seed(index), initial_hyperparameters(config, rng)
-                )
-            )
+            seed = member_seed(config, index)
+            board.add(MemberRecord(board.next_id(), seed, initial_hyperparameters(config, rng)))
         board.save()
     except BaseException:
-        backend.close()
+        if backend is not None:
+            backend.close()
         raise
+    if orchestrator is None:
+        return VectorizedRun(config, board, _say(show_progress)).run()
     return orchestrator.run()
 
 
@@ -448,9 +582,7 @@ def resume_population(directory: str | Path, show_progress: bool = True) -> Popu
     config = PopulationConfig.from_yaml(directory / "population.yaml")
     config.validate()
     if config.backend == "vectorized":
-        from phalanx.population.vectorized import run_vectorized
-
-        return run_vectorized(config, show_progress=show_progress, resume=True)
+        return VectorizedRun(config, board, _say(show_progress), resume=True).run()
     for member in board.live():
         member.status = "waiting"
     backend = _backend(config)
