@@ -17,6 +17,8 @@ ENV_GUIDE = ROOT / "docs" / "environments.md"
 ENV_GUIDE_BLOCKS = re.findall(r"```python\n(.*?)```", ENV_GUIDE.read_text(), flags=re.S)
 PARALLELISM_GUIDE = ROOT / "docs" / "parallelism.md"
 PARALLELISM_BLOCKS = re.findall(r"```python\n(.*?)```", PARALLELISM_GUIDE.read_text(), flags=re.S)
+POPULATION_GUIDE = ROOT / "docs" / "population.md"
+POPULATION_BLOCKS = re.findall(r"```python\n(.*?)```", POPULATION_GUIDE.read_text(), flags=re.S)
 CONTINUES = "# (continues the block above)"
 
 
@@ -105,6 +107,24 @@ def test_parallelism_guide_python_block_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # runs/ goes to a temporary directory
     code = PARALLELISM_BLOCKS[index]
     exec(compile(code, f"docs/parallelism.md python block {index}", "exec"), {"__name__": "__main__"})
+
+
+def test_population_guide_runs_top_to_bottom(tmp_path, monkeypatch):
+    """Its blocks continue one another: run as one script, as a reader would paste them."""
+    monkeypatch.chdir(tmp_path)  # populations/ goes to a temporary directory
+    assert len(POPULATION_BLOCKS) >= 3 and all(CONTINUES in block for block in POPULATION_BLOCKS[1:])
+    code = "\n".join(POPULATION_BLOCKS)
+    exec(compile(code, "docs/population.md python blocks", "exec"), {"__name__": "__main__"})
+    assert (tmp_path / "populations" / "cartpole-vectorized" / "best" / "config.yaml").is_file()
+
+
+def test_population_guide_yaml_is_a_valid_population_config(tmp_path):
+    from phalanx.population import PopulationConfig
+
+    text = POPULATION_GUIDE.read_text()
+    block = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)[0]
+    (tmp_path / "population.yaml").write_text(block)
+    PopulationConfig.from_yaml(tmp_path / "population.yaml").validate()
 
 
 def test_readme_links_the_parallelism_guide():
