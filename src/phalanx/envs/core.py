@@ -19,6 +19,7 @@ seeding, checkpointable state) so that a simulator only writes its physics in th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -159,11 +160,18 @@ class BatchedVecEnv(VecEnv):
 
     Implement three methods, each acting on all ``num_envs`` rows at once:
 
-    - ``_reset_rows(mask)``: draw initial states (using ``self.generator``) for the rows where the
-      boolean ``mask`` is true and leave the others untouched. Use ``torch.where`` rather than boolean
-      indexing so that the step needs no host synchronisation on a GPU.
+    - ``_reset_rows(mask)``: draw initial states (with :meth:`uniform`, from the env's seeded
+      generator) for the rows where the boolean ``mask`` is true and leave the others untouched. Use
+      ``torch.where`` rather than boolean indexing so that the step needs no host synchronisation on a
+      GPU.
     - ``_advance(actions) -> (reward, terminated)``: advance the physics of every row by one step.
     - ``_observe() -> obs``: the ``(num_envs, *obs_shape)`` float32 observation of the current state.
+
+    Seeding: ``reset(seed=s)`` seeds the one generator of all rows. ``reset(seed=[s0, s1, ...])`` with B
+    seeds (B dividing ``num_envs``) gives each block of ``num_envs / B`` consecutive rows its own
+    generator: block b then draws exactly what a separate env of ``num_envs / B`` sub-envs reset with
+    ``seed=sb`` draws (a vectorized population's members, one block each; B = ``num_envs`` is one
+    generator per sub-env, as Gymnasium's list of seeds). Per-block draws go through :meth:`uniform`.
 
     The base class handles seeding, the time limit (``max_episode_steps``, as Gymnasium's TimeLimit:
     ``truncated`` when the step count reaches it, independent of ``terminated``), same-step autoreset
@@ -189,6 +197,8 @@ class BatchedVecEnv(VecEnv):
         self.max_episode_steps = max_episode_steps
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
+        self.block_generators: list[torch.Generator] | None = None
+        """One generator per block of rows after ``reset(seed=[...])``; None: ``generator`` for all."""
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
         if isinstance(single_action_space, gym.spaces.Discrete):
@@ -211,10 +221,13 @@ class BatchedVecEnv(VecEnv):
 
     # -- the contract ----------------------------------------------------------------------------
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Tensor, dict[str, Any]]:
-        if seed is not None:
+        if isinstance(seed, Sequence):
+            self._seed_blocks(seed)
+        elif seed is not None:
             self.generator.manual_seed(int(seed))
+            self.block_generators = None
         self._reset_rows(self._all_rows)
         self.elapsed_steps.zero_()
         self.episode_statistics.reset()
@@ -242,6 +255,22 @@ class BatchedVecEnv(VecEnv):
         }
         return obs, reward, terminated, truncated, info
 
+    def _seed_blocks(self, seeds: Sequence[int]) -> None:
+        """One generator per block of ``num_envs / len(seeds)`` rows, block b seeded ``seeds[b]``."""
+        if len(seeds) == 0 or self.num_envs % len(seeds) != 0:
+            raise EnvError(
+                f"{type(self).__name__}.reset: {len(seeds)} seeds for {self.num_envs} sub-envs; a list of "
+                "seeds gives each block of equally many rows its own generator, so its length must divide "
+                f"num_envs. Pass an int, or a list whose length divides {self.num_envs}."
+            )
+        if len(seeds) == 1:
+            self.generator.manual_seed(int(seeds[0]))
+            self.block_generators = None
+            return
+        self.block_generators = [torch.Generator(device=self.device) for _ in seeds]
+        for generator, seed in zip(self.block_generators, seeds, strict=True):
+            generator.manual_seed(int(seed))
+
     def _as_actions(self, actions: Any) -> Tensor:
         if not isinstance(actions, torch.Tensor):
             actions = torch.as_tensor(np.asarray(actions), device=self.device)
@@ -262,6 +291,8 @@ class BatchedVecEnv(VecEnv):
         state["elapsed_steps"] = self.elapsed_steps.clone()
         state["episode_statistics"] = self.episode_statistics.state_dict()
         state["generator"] = self.generator.get_state()
+        if self.block_generators is not None:
+            state["block_generators"] = [generator.get_state() for generator in self.block_generators]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -270,10 +301,33 @@ class BatchedVecEnv(VecEnv):
         self.elapsed_steps.copy_(state["elapsed_steps"])
         self.episode_statistics.load_state_dict(state["episode_statistics"])
         self.generator.set_state(state["generator"])
+        self.block_generators = None
+        if state.get("block_generators") is not None:
+            self.block_generators = []
+            for generator_state in state["block_generators"]:
+                generator = torch.Generator(device=self.device)
+                generator.set_state(generator_state)
+                self.block_generators.append(generator)
 
     def uniform(self, low: float, high: float, size: tuple[int, ...]) -> Tensor:
-        """Uniform samples in ``[low, high)`` from this env's seeded generator."""
-        sample = torch.rand(size, generator=self.generator, device=self.device)
+        """Uniform samples in ``[low, high)`` from this env's seeded generator.
+
+        After ``reset(seed=[...])`` the rows of each block come from that block's generator, so
+        ``size`` must have one row per sub-env: ``(num_envs, ...)``.
+        """
+        if self.block_generators is None:
+            sample = torch.rand(size, generator=self.generator, device=self.device)
+        else:
+            if len(size) == 0 or size[0] != self.num_envs:
+                raise EnvError(
+                    f"{type(self).__name__}.uniform: size {tuple(size)} after reset(seed=[...]): with a "
+                    f"generator per block of rows, every draw needs one row per sub-env, (num_envs="
+                    f"{self.num_envs}, ...). Draw per-row quantities, or reset with an int seed."
+                )
+            sample = torch.empty(size, device=self.device)
+            rows = self.num_envs // len(self.block_generators)
+            for block, generator in zip(sample.split(rows), self.block_generators, strict=True):
+                block.uniform_(generator=generator)  # (rows, ...): torch.rand's draws, in place
         return low + (high - low) * sample
 
 
