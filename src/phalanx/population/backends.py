@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing
+import os
+import socket
 import threading
 import time
 import traceback
@@ -295,8 +297,16 @@ def _worker_main(connection: Any, watched: Any, threads: int | None) -> None:
 
 
 # -- ray ------------------------------------------------------------------------------------------
+RAY_PORTS = {"ray": 10001}
+"""The default port of an address without one, by scheme (Ray client: 10001); otherwise the GCS's, 6379."""
+
+
 class RayBackend:
     """One Ray actor per running member, with ``num_cpus`` and ``num_gpus`` (fractional) reserved.
+
+    An actor holds its resources as long as it lives, so actors are pooled like the process backend's
+    processes: an actor left idle runs the next member that needs one (rebuilt from its directory), and
+    there are never more actors than members running at once.
 
     An actor that dies (its node left, it was killed, it ran out of memory) is reported as a crash;
     the orchestrator restarts the member, which a new actor rebuilds from its last checkpoint.
@@ -307,29 +317,37 @@ class RayBackend:
     def __init__(self, resources: Any, address: str | None, threads: int | None = None) -> None:
         ray = import_ray()
         self.ray = ray
+        # A Ray job's driver (`ray job submit`, a KubeRay RayJob) is told its cluster by RAY_ADDRESS.
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if address is not None and address not in ("auto", "local"):
+            probe_address(address)  # ray.init would retry an address nothing answers at for minutes
         if not ray.is_initialized():
+            options = {"logging_level": "ERROR", "log_to_driver": False}
             try:
-                if address:
-                    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-                else:
-                    ray.init(
-                        num_cpus=int(resources.cpus) if resources.cpus is not None else None,
-                        num_gpus=resources.gpus,
-                        logging_level="ERROR",
-                        log_to_driver=False,
-                    )
+                if address and address != "local":
+                    ray.init(address=address, **options)
+                else:  # start a local Ray ("local": even where `ray start` runs a cluster on this machine)
+                    cpus = int(resources.cpus) if resources.cpus is not None else None
+                    try:
+                        ray.init(address=address, num_cpus=cpus, num_gpus=resources.gpus, **options)
+                    except ValueError as error:
+                        if "existing cluster" not in str(error):
+                            raise
+                        # a cluster started on this machine with `ray start`: ray.init joins it, and
+                        # resources.cpus / gpus cap what the orchestrator uses of it instead
+                        ray.init(**options)
             except (ConnectionError, RuntimeError, ValueError) as error:
-                raise ConfigError(
-                    f"cannot reach the Ray cluster at --address {address!r}: {str(error).splitlines()[0]}. "
-                    "Check the address (`ray status` on the head node prints it), or pass --fallback to run "
-                    "on the process backend instead."
-                ) from None
+                raise ConfigError(_ray_init_error(address, error)) from None
         self.actor_class = ray.remote(_RayMember).options(
             num_cpus=resources.cpus_per_member, num_gpus=resources.gpus_per_member, max_restarts=0
         )
         self.threads = threads
-        self.actors: dict[str, Any] = {}
-        self.pending: dict[Any, Task] = {}
+        self.idle: list[tuple[Any, str]] = []
+        """Actors waiting for a task, with the member each trained last (it keeps that Trainer)."""
+        self.pending: dict[Any, tuple[Task, Any]] = {}
+        """The result reference of each task in flight -> (the task, its actor)."""
+        self.starting: dict[Any, Any] = {}
+        """New actors not placed and started yet (their ``__ray_ready__`` reference -> the actor)."""
 
     def seen_resources(self) -> tuple[float, float, float | None]:
         """The resources of the nodes alive now (a node that left no longer counts)."""
@@ -343,39 +361,76 @@ class RayBackend:
         return cpus, gpus, memory or None
 
     def submit(self, task: Task) -> None:
-        actor = self.actors.get(task.member)
-        if actor is None:
-            actor = self.actors[task.member] = self.actor_class.remote(self.threads)
-        self.pending[actor.run.remote(task)] = task
+        same = [i for i, (_, member) in enumerate(self.idle) if member == task.member]
+        if same:
+            actor = self.idle.pop(same[0])[0]
+        elif self.idle:
+            actor = self.idle.pop(0)[0]
+        else:
+            actor = self.actor_class.remote(self.threads)
+            self.starting[actor.__ray_ready__.remote()] = actor
+        # Paths the actors reach on every node: the population directory is on shared storage mounted
+        # at the same path, but an actor's working directory is not the driver's.
+        config = dict(task.config, run_dir=str(Path(task.config["run_dir"]).resolve()))
+        donor = str(Path(task.donor).resolve()) if task.donor is not None else None
+        task = dataclasses.replace(task, config=config, donor=donor)
+        self.pending[actor.run.remote(task)] = (task, actor)
 
     def running(self) -> list[str]:
-        return [task.member for task in self.pending.values()]
+        return [task.member for task, _ in self.pending.values()]
 
     def wait(self, timeout: float) -> list[Report]:
+        """The reports of the tasks that have ended: as soon as one has, with any others done by then."""
         if not self.pending:
             return []
-        done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        self.release_idle()
+        done, rest = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout)
+        if done and rest:
+            done += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         reports = []
         for reference in done:
-            task = self.pending.pop(reference)
+            task, actor = self.pending.pop(reference)
             try:
                 reports.append(self.ray.get(reference))
             except self.ray.exceptions.RayError as error:  # the actor died: its node left, or it was killed
-                self.actors.pop(task.member, None)
+                with contextlib.suppress(Exception):
+                    self.ray.kill(actor)
                 reports.append(
                     Report(task.member, error=f"the member's Ray actor died: {type(error).__name__}: {error}")
                 )
+            else:
+                self.idle.append((actor, task.member))
         return reports
 
+    def release_idle(self) -> None:
+        """Idle actors hold resources that a new actor may be waiting for: when the cluster shrank (a
+        node left) the orchestrator runs fewer members, and a member restarted on a new actor must not
+        wait for ever behind the idle actor of a member that no longer runs. So while a new actor has
+        not started, the idle ones (which the orchestrator had no task for) end."""
+        if not self.starting:
+            return
+        started, _ = self.ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
+        for reference in started:
+            del self.starting[reference]
+        if self.starting and self.idle:
+            for actor, _ in self.idle:
+                with contextlib.suppress(Exception):
+                    self.ray.kill(actor)
+            self.idle = []
+
     def stop(self, member: str) -> None:
-        actor = self.actors.pop(member, None)
-        self.pending = {r: t for r, t in self.pending.items() if t.member != member}
-        if actor is not None:
-            self.ray.kill(actor)
+        for reference, (task, actor) in list(self.pending.items()):
+            if task.member == member:
+                del self.pending[reference]
+                with contextlib.suppress(Exception):
+                    self.ray.kill(actor)
 
     def close(self) -> None:
-        for member in list(self.actors):
-            self.stop(member)
+        actors = [actor for _, actor in self.pending.values()] + [actor for actor, _ in self.idle]
+        self.pending, self.idle, self.starting = {}, [], {}
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor)
 
 
 class _RayMember:
@@ -388,9 +443,48 @@ class _RayMember:
         return self.member.run(task)
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
+
+
+def probe_address(address: str, timeout: float = 5.0) -> None:
+    """Raise a ConfigError unless something answers at ``address`` (HOST:PORT, or ray://HOST:PORT)."""
+    scheme, _, rest = address.rpartition("://")
+    rest = rest.rstrip("/")
+    host, colon, port_text = rest.rpartition(":")
+    if not colon or "]" in port_text:  # no port (an IPv6 address is written [::1]:6379)
+        host, port_text = rest, str(RAY_PORTS.get(scheme, 6379))
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        raise ConfigError(
+            f"--address {address!r} is not a Ray cluster address: give HOST:PORT, e.g. 10.0.0.5:6379 "
+            "(the address `ray start --head` prints), or ray://HOST:10001 for Ray Client."
+        )
+    try:
+        socket.create_connection((host, int(port_text)), timeout=timeout).close()
+    except OSError as error:
+        raise ConfigError(
+            f"cannot reach the Ray cluster at --address {address!r}: nothing answers at {host}:{port_text} "
+            f"({error.strerror or error}). Check the address (`ray status` on the head node prints it) and "
+            "that the head node is up and its port open, or pass --fallback to run on the process backend "
+            "instead."
+        ) from None
+
+
+def _ray_init_error(address: str | None, error: BaseException) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if address in (None, "local"):
+        return f"cannot start a local Ray: {first}."
+    cause = f"{type(error.__cause__).__name__}: {error.__cause__}" if error.__cause__ is not None else ""
+    if "AuthenticationError" in cause or "InvalidAuthToken" in f"{cause} {error}":
+        return (
+            f"cannot connect to the Ray cluster at --address {address!r}: the cluster requires token "
+            "authentication. Set RAY_AUTH_MODE=token and give this machine the cluster's token "
+            "(RAY_AUTH_TOKEN, or the file ~/.ray/auth_token as on the head node)."
+        )
+    return (
+        f"cannot reach the Ray cluster at --address {address!r}: {first}. Check the address (`ray status` "
+        "on the head node prints it), or pass --fallback to run on the process backend instead."
+    )
 
 
 def import_ray() -> Any:

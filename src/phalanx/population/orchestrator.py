@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import random
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -596,9 +597,11 @@ def _backend(config: PopulationConfig) -> Any:
         return make_backend(config.backend, config.resources)
     try:
         return make_backend("ray", config.resources, config.address)
-    except ConfigError:
+    except ConfigError as error:
         if not config.fallback:
             raise
+        # Said, not silent: the user asked for Ray and gets processes on this machine.
+        warnings.warn(f"{error} --fallback: running on the process backend instead.", stacklevel=3)
         config.backend = "process"
         return make_backend("process", config.resources)
 
