@@ -310,12 +310,13 @@ class NormalizeObservation(VecEnvWrapper):
                 f"NormalizeObservation: the observation space of {env.unwrapped!r} is {space}, expected "
                 "a Box. Normalise only vector/array observations."
             )
+        shape = self.statistics_shape(space)
         if statistics is None:
-            statistics = RunningMeanStd(space.shape, self.device)
-        elif statistics.shape != tuple(space.shape) or statistics.device != self.device:
+            statistics = RunningMeanStd(shape, self.device)
+        elif statistics.shape != shape or statistics.device != self.device:
             raise ConfigError(
                 f"NormalizeObservation: the shared statistics have shape {statistics.shape} on "
-                f"{statistics.device}, expected shape {tuple(space.shape)} on {self.device} (the "
+                f"{statistics.device}, expected shape {shape} on {self.device} (the "
                 f"observations of {env.unwrapped!r}). Share statistics only between envs with the same "
                 "observation space and device."
             )
@@ -327,23 +328,31 @@ class NormalizeObservation(VecEnvWrapper):
         self.single_observation_space = gym.spaces.Box(-bound, bound, shape=space.shape, dtype=np.float32)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
 
+    def statistics_shape(self, space: gym.spaces.Box) -> tuple[int, ...]:
+        """The shape of the running statistics (a subclass may keep several sets of them)."""
+        return tuple(space.shape)
+
+    def observe(self, obs: Tensor) -> None:
+        """Add a batch of raw observations to the running statistics."""
+        self.statistics.update(obs)
+
     def normalize(self, obs: Tensor) -> Tensor:
         out = self.statistics.normalize(obs, self.epsilon)
         return out if self.clip is None else out.clamp_(-self.clip, self.clip)
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self, *, seed: Any = None, options: dict[str, Any] | None = None
     ) -> tuple[Tensor, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         if self.update:
-            self.statistics.update(obs)
+            self.observe(obs)
         return self.normalize(obs), info
 
     def _transition(
         self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         if self.update:
-            self.statistics.update(obs)
+            self.observe(obs)
         info = dict(info)
         if "final_obs" in info:
             info["final_obs"] = self.normalize(info["final_obs"])

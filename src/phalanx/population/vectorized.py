@@ -40,9 +40,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
-import numpy as np
 import torch
-from gymnasium.vector.utils import batch_space
 from torch import nn
 
 from phalanx.algos.ppo import PPO, PPOConfig
@@ -51,9 +49,8 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import BatchedVecEnv, Tensor, VecEnv, as_device
 from phalanx.envs.registry import make_env
 from phalanx.envs.wrappers import (
-    OBS_CLIP,
-    OBS_EPSILON,
     NanGuard,
+    NormalizeObservation,
     RescaleAction,
     RunningMeanStd,
     VecEnvWrapper,
@@ -259,7 +256,7 @@ class VectorizedAdam:
 
 
 # -- per-member normalisation of the env -------------------------------------------------------------
-class MemberNormalizeObservation(VecEnvWrapper):
+class MemberNormalizeObservation(NormalizeObservation):
     """NormalizeObservation with running statistics of their own for each member's block of rows.
 
     ``statistics`` is a RunningMeanStd of shape ``(P, *obs_shape)`` fed the ``(N, P, *obs_shape)`` view
@@ -271,53 +268,22 @@ class MemberNormalizeObservation(VecEnvWrapper):
     def __init__(
         self, env: VecEnv, num_members: int, statistics: RunningMeanStd | None = None, update: bool = True
     ) -> None:
-        super().__init__(env)
-        space = env.single_observation_space
-        if not isinstance(space, gym.spaces.Box):
-            raise ConfigError(
-                f"normalize_obs needs a Box observation space, but {env.unwrapped!r} has {space}. "
-                "Drop --normalize-obs for this env."
-            )
-        self.num_members = num_members
-        self.statistics = (
-            statistics if statistics is not None else RunningMeanStd((num_members, *space.shape), self.device)
-        )
-        self.update = update
-        self.single_observation_space = gym.spaces.Box(
-            -OBS_CLIP, OBS_CLIP, shape=space.shape, dtype=np.float32
-        )
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.num_members = num_members  # before the base class sizes the statistics with it
+        super().__init__(env, statistics=statistics, update=update)
+
+    def statistics_shape(self, space: gym.spaces.Box) -> tuple[int, ...]:
+        return (self.num_members, *space.shape)
 
     def _by_member(self, obs: Tensor) -> Tensor:
         """``(P * N, *obs_shape)`` rows as a ``(N, P, *obs_shape)`` view."""
         return obs.view(self.num_members, -1, *obs.shape[1:]).transpose(0, 1)
 
+    def observe(self, obs: Tensor) -> None:
+        self.statistics.update(self._by_member(obs))
+
     def normalize(self, obs: Tensor) -> Tensor:
-        normalized = self.statistics.normalize(self._by_member(obs), OBS_EPSILON)  # (N, P, *obs_shape)
-        return normalized.transpose(0, 1).reshape(obs.shape).clamp_(-OBS_CLIP, OBS_CLIP)
-
-    def reset(
-        self, *, seed: Any = None, options: dict[str, Any] | None = None
-    ) -> tuple[Tensor, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
-        if self.update:
-            self.statistics.update(self._by_member(obs))
-        return self.normalize(obs), info
-
-    def _transition(
-        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        if self.update:
-            self.statistics.update(self._by_member(obs))
-        info = dict(info)
-        info["final_obs"] = self.normalize(info["final_obs"])
-        return self.normalize(obs), reward, terminated, truncated, info
-
-    def _own_state_dict(self) -> dict[str, Any]:
-        return {"obs_statistics": self.statistics.state_dict()}
-
-    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
-        self.statistics.load_state_dict(state["obs_statistics"])
+        normalized = self.statistics.normalize(self._by_member(obs), self.epsilon)  # (N, P, *obs_shape)
+        return normalized.transpose(0, 1).reshape(obs.shape).clamp_(-self.clip, self.clip)
 
 
 class MemberScaleReward(VecEnvWrapper):
