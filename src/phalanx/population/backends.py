@@ -369,11 +369,6 @@ class RayBackend:
         else:
             actor = self.actor_class.remote(self.threads)
             self.starting[actor.__ray_ready__.remote()] = actor
-        # Paths the actors reach on every node: the population directory is on shared storage mounted
-        # at the same path, but an actor's working directory is not the driver's.
-        config = dict(task.config, run_dir=str(Path(task.config["run_dir"]).resolve()))
-        donor = str(Path(task.donor).resolve()) if task.donor is not None else None
-        task = dataclasses.replace(task, config=config, donor=donor)
         self.pending[actor.run.remote(task)] = (task, actor)
 
     def running(self) -> list[str]:

@@ -383,7 +383,9 @@ class Orchestrator:
         )
 
     def member_dir(self, member: str) -> Path:
-        return self.directory / "members" / member
+        """Absolute: the member's run directory and the checkpoints it reports are then paths that every
+        process, Ray actor and node reaches, whatever its working directory."""
+        return self.directory.resolve() / "members" / member
 
     def member_seed(self, index: int) -> int:
         return member_seed(self.config, index)
