@@ -355,8 +355,7 @@ class Orchestrator:
         )
 
     def decide(self, event: str, member: str | None, reason: str, **details: Any) -> None:
-        self.board.log(event, reason, member=member, **details)
-        self.say(f"{event}{' ' + member if member else ''}: {reason}")
+        _decide(self.board, self.say, event, member, reason, **details)
 
     # -- the end ---------------------------------------------------------------------------------
     def finish(self) -> PopulationResult:
@@ -368,19 +367,7 @@ class Orchestrator:
             exported = self.directory / "best"
             shutil.rmtree(exported, ignore_errors=True)
             shutil.copytree(self.member_dir(best.id), exported)
-            (exported / "population.json").write_text(
-                json.dumps(
-                    {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters},
-                    indent=1,
-                )
-                + "\n"
-            )
-            self.decide(
-                "best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}"
-            )
-        return PopulationResult(
-            self.directory, best.id if best else None, best.score if best else None, exported
-        )
+        return _exported(self.board, best, exported, self.say)
 
     def member_dir(self, member: str) -> Path:
         """Absolute: the member's run directory and the checkpoints it reports are then paths that every
@@ -405,6 +392,33 @@ class Orchestrator:
 
 def member_seed(config: PopulationConfig, index: int) -> int:
     return config.base.seed + index * MEMBER_SEED_STRIDE
+
+
+def _decide(
+    board: Leaderboard,
+    say: Callable[[str], None],
+    event: str,
+    member: str | None,
+    reason: str,
+    **details: Any,
+) -> None:
+    """A decision: into decisions.jsonl with its reason, and onto the console."""
+    board.log(event, reason, member=member, **details)
+    say(f"{event}{' ' + member if member else ''}: {reason}")
+
+
+def _exported(
+    board: Leaderboard, best: MemberRecord | None, exported: Path | None, say: Callable[[str], None]
+) -> PopulationResult:
+    """The result, after noting in the exported run directory which member it is (population.json)."""
+    if best is None:
+        return PopulationResult(board.directory, None, None, None)
+    note = {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}
+    (exported / "population.json").write_text(json.dumps(note, indent=1) + "\n")
+    _decide(
+        board, say, "best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}"
+    )
+    return PopulationResult(board.directory, best.id, best.score, exported)
 
 
 def _score(score: float | None) -> str:
@@ -448,8 +462,7 @@ class VectorizedRun:
             self.decide("resume", None, f"resumed the vectorized population at {self.engine.steps:,} steps")
 
     def decide(self, event: str, member: str | None, reason: str) -> None:
-        self.board.log(event, reason, member=member)
-        self.say(f"{event}{' ' + member if member else ''}: {reason}")
+        _decide(self.board, self.say, event, member, reason)
 
     def run(self) -> PopulationResult:
         config, board, engine = self.config, self.board, self.engine
@@ -533,14 +546,7 @@ class VectorizedRun:
         manager = CheckpointManager(exported)
         manager.save(self.engine.steps, state)
         manager.save_best(state)
-        (exported / "population.json").write_text(
-            json.dumps(
-                {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}, indent=1
-            )
-            + "\n"
-        )
-        self.decide("best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}")
-        return PopulationResult(board.directory, best.id, best.score, exported)
+        return _exported(board, best, exported, self.say)
 
 
 # -- entry points ---------------------------------------------------------------------------------
