@@ -14,6 +14,7 @@ import os
 # override; it has no effect if torch was imported before phalanx.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from phalanx import marl  # noqa: E402,I001 - registers the multi-agent algorithms; after train (it builds on it)
 from phalanx.agent import Agent, evaluate, load_agent
 from phalanx.algos.ppo import A2CConfig, PPOConfig
 from phalanx.config import TrainConfig, make_config
@@ -41,6 +42,7 @@ __all__ = [
     "check_vec_env",
     "evaluate",
     "list_envs",
+    "marl",
     "load_agent",
     "make_config",
     "make_env",

@@ -7,6 +7,7 @@ rescaling are applied exactly as during training, from the checkpoint alone (no 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from phalanx.algos import get_algorithm
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
-from phalanx.errors import CheckpointError
+from phalanx.errors import CheckpointError, EnvError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, read_run_config, spaces_from_spec
@@ -41,6 +42,48 @@ class Agent:
             self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
             self.obs_statistics.load_state_dict(state["obs_statistics"])
         self.steps = state["progress"]["steps"]
+        self.state = state
+
+    def evaluate(self, episodes: int = 10, seed: int | None = None) -> Evaluation:
+        """``episodes`` deterministic episodes on the training env (``seed``: of the evaluation episodes)."""
+        config = dataclasses.replace(self.config, device=str(self.device))
+        env = build_env(config, episodes, training=False)
+        if self.state.get("obs_statistics") is not None:
+            find_wrapper(env, NormalizeObservation).statistics.load_state_dict(self.state["obs_statistics"])
+        evaluator = Evaluator(env, seed=config.seed + EVAL_SEED_OFFSET if seed is None else seed)
+        try:
+            return evaluator.evaluate(self.algorithm)
+        finally:
+            env.close()
+
+    def frames(self, max_steps: int = 2000) -> tuple[str, list[np.ndarray]]:
+        """One deterministic episode drawn by Gymnasium's rgb_array rendering of the env (built-in envs
+        share Gymnasium's ids and semantics): ``(name, frames)``."""
+        env_id = self.config.env.removeprefix("gym:")
+        try:
+            env = gym.make(env_id, render_mode="rgb_array")
+        except gym.error.DependencyNotInstalled as error:
+            raise EnvError(
+                f"cannot render {env_id!r}: {error}. Install the rendering extra: "
+                "pip install 'phalanx[render]'."
+            ) from None
+        except gym.error.Error as error:
+            raise EnvError(f"cannot render {env_id!r} with Gymnasium's rgb_array mode: {error}") from None
+        obs, _ = env.reset(seed=self.config.seed)
+        try:
+            frames = [env.render()]
+        except gym.error.DependencyNotInstalled as error:
+            raise EnvError(
+                f"cannot render {env_id!r}: {error}. Install the rendering extra: "
+                "pip install 'phalanx[render]'."
+            ) from None
+        for _ in range(max_steps):
+            obs, _, terminated, truncated, _ = env.step(self.act(obs))
+            frames.append(env.render())
+            if terminated or truncated:
+                break
+        env.close()
+        return env_id, frames
 
     def _normalized_action_space(self) -> gym.Space:
         if isinstance(self.action_space, gym.spaces.Box):
@@ -93,10 +136,14 @@ def _load(run_dir: str | Path, checkpoint: str) -> tuple[TrainConfig, dict[str, 
     return config, load_checkpoint(_checkpoint_path(Path(run_dir), checkpoint))
 
 
-def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> Agent:
-    """The agent of a run: ``checkpoint`` is "best" (default), "latest", or a checkpoint path."""
+def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> Any:
+    """The agent of a run: ``checkpoint`` is "best" (default), "latest", or a checkpoint path.
+
+    A single-agent run gives an :class:`Agent`; a multi-agent run the agent class its algorithm names
+    (:class:`phalanx.marl.agent.MultiAgentAgent`), with the same ``act`` / ``evaluate`` / ``frames``."""
     config, state = _load(run_dir, checkpoint)
-    return Agent(config, state, device)
+    agent_class = get_algorithm(config.algo).agent_class or Agent
+    return agent_class(config, state, device)
 
 
 def evaluate(
@@ -107,13 +154,6 @@ def evaluate(
     seed: int | None = None,
 ) -> Evaluation:
     """Run ``episodes`` deterministic episodes of a trained agent on its training environment."""
-    config, state = _load(run_dir, checkpoint)
-    if device is not None:
-        config.device = device
-    agent = Agent(config, state, config.device)
-    env = build_env(config, episodes, training=False)
-    normalizer_state = state.get("obs_statistics")
-    if normalizer_state is not None:
-        find_wrapper(env, NormalizeObservation).statistics.load_state_dict(normalizer_state)
-    evaluator = Evaluator(env, seed=config.seed + EVAL_SEED_OFFSET if seed is None else seed)
-    return evaluator.evaluate(agent.algorithm)
+    config = read_run_config(run_dir)
+    agent = load_agent(run_dir, checkpoint, device if device is not None else config.device)
+    return agent.evaluate(episodes, seed)

@@ -94,6 +94,15 @@ class RolloutBuffer:
                 )
             storage[step].copy_(value)
 
+    @property
+    def critic_obs(self) -> Tensor:
+        """The value function's input: the observation (a centralised critic's rollout has its own)."""
+        return self.obs
+
+    @property
+    def next_critic_obs(self) -> Tensor:
+        return self.next_obs
+
     def flatten(self, *names: str) -> tuple[Tensor, ...]:
         """Views of the named fields with T and N merged: ``(T * N, ...)``, for minibatching."""
         return tuple(self._storage(name).flatten(0, 1) for name in names)

@@ -215,6 +215,13 @@ def cmd_eval(argv: list[str]) -> int:
     table.add_row("return mean", f"{evaluation.mean:.3f}")
     table.add_row("return std", f"{evaluation.std:.3f}")
     table.add_row("length mean", f"{sum(evaluation.lengths) / len(evaluation.lengths):.1f}")
+    from phalanx.marl.trainer import MultiAgentEvaluation
+
+    if isinstance(evaluation, MultiAgentEvaluation):  # the return above is the first team's
+        for name, value in evaluation.teams.items():
+            table.add_row(f"team {name} return", f"{value:.3f}")
+        for name, value in evaluation.agents.items():
+            table.add_row(f"agent {name} return", f"{value:.3f}")
     Console().print(table)
     if args.video:
         from phalanx.video import record_video
@@ -286,6 +293,14 @@ def cmd_envs(argv: list[str]) -> int:
         out.print("[bold]registered[/]: " + ", ".join(envs["registered"]))
     out.print(f"[bold]Gymnasium ids[/] ({len(envs['gymnasium'])}, stepped through the Gymnasium adapter):")
     out.print("  " + ", ".join(envs["gymnasium"]), highlight=False)
+    from phalanx.marl.registry import list_multi_agent_envs
+
+    multi_agent = list_multi_agent_envs()
+    out.print("[bold]multi-agent envs[/] (mappo, ippo, qmix, vdn, maddpg, matd3):")
+    out.print("  built-in: " + ", ".join(multi_agent["builtin"]), highlight=False)
+    if multi_agent["registered"]:
+        out.print("  registered: " + ", ".join(multi_agent["registered"]), highlight=False)
+    out.print("  adapters: " + ", ".join(multi_agent["adapters"]), highlight=False)
     return 0
 
 

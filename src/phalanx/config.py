@@ -195,6 +195,8 @@ class TrainConfig:
                 "them between steps. Drop --normalize-obs / --normalize-reward, --pipeline, or use "
                 "--learners 1."
             )
+        if get_algorithm(self.algo).multi_agent:
+            self._check_multi_agent()
         check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
         check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
         check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
@@ -224,6 +226,23 @@ class TrainConfig:
             ">= 0",
         )
         self.hyperparameters.validate(self)
+
+    def _check_multi_agent(self) -> None:
+        """The run settings a multi-agent algorithm does not take (yet), each refused by name."""
+        unsupported = {
+            "pipeline": self.pipeline,
+            "overlap": self.overlap,
+            "normalize_obs": self.normalize_obs,
+            "normalize_reward": self.normalize_reward,
+            "num_learners": self.num_learners if self.num_learners != 1 else False,
+        }
+        for name, value in unsupported.items():
+            if value:
+                raise ConfigError(
+                    f"{name} = {value!r} is not supported for the multi-agent algorithm {self.algo!r}: multi-"
+                    "agent runs have one learner, a synchronous loop and raw observations and rewards. Drop "
+                    f"--{name.replace('_', '-')} (see docs/multi_agent.md)."
+                )
 
     # -- dict/YAML round trip --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

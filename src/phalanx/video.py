@@ -1,8 +1,9 @@
-"""Record an episode of a trained agent as an animated GIF, through Gymnasium's rgb_array rendering.
+"""Record an episode of a trained agent as an animated GIF.
 
-Built-in envs share Gymnasium's ids and semantics, so the agent acts directly in the Gymnasium
-reference env, which draws the frames. Needs the env's rendering dependencies (for classic control:
-``pip install 'phalanx[render]'``, which brings pygame).
+The agent draws its own frames (``agent.frames()``): a single-agent agent through Gymnasium's
+rgb_array rendering of its env (built-in envs share Gymnasium's ids and semantics; classic control
+needs ``pip install 'phalanx[render]'``, which brings pygame), a multi-agent agent through its built-in
+env's ``render()``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gymnasium as gym
-
 from phalanx.agent import load_agent
-from phalanx.errors import EnvError
 
 
 def use_headless_rendering() -> None:
@@ -27,35 +25,15 @@ def use_headless_rendering() -> None:
 
 
 def record_video(run_dir: str | Path, checkpoint: str = "best", max_steps: int = 2000, fps: int = 30) -> Path:
+    """One deterministic episode of the run's agent as ``RUN_DIR/videos/<env>_step<N>.gif``."""
     use_headless_rendering()
     agent = load_agent(run_dir, checkpoint)
-    env_id = agent.config.env.removeprefix("gym:")
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-    except gym.error.DependencyNotInstalled as error:
-        raise EnvError(
-            f"cannot render {env_id!r}: {error}. Install the rendering extra: pip install 'phalanx[render]'."
-        ) from None
-    except gym.error.Error as error:
-        raise EnvError(f"cannot render {env_id!r} with Gymnasium's rgb_array mode: {error}") from None
+    name, frames = agent.frames(max_steps)
     from PIL import Image
 
-    obs, _ = env.reset(seed=agent.config.seed)
-    try:
-        frames = [env.render()]
-    except gym.error.DependencyNotInstalled as error:
-        raise EnvError(
-            f"cannot render {env_id!r}: {error}. Install the rendering extra: pip install 'phalanx[render]'."
-        ) from None
-    for _ in range(max_steps):
-        obs, _, terminated, truncated, _ = env.step(agent.act(obs))
-        frames.append(env.render())
-        if terminated or truncated:
-            break
-    env.close()
     directory = Path(run_dir) / "videos"
     directory.mkdir(exist_ok=True)
-    path = directory / f"{env_id}_step{agent.steps}.gif"
+    path = directory / f"{name}_step{agent.steps}.gif"
     images = [Image.fromarray(frame) for frame in frames]
     images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
     return path

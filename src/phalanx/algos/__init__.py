@@ -18,6 +18,13 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 }
 
 
+def register_algorithm(algorithm: type[Algorithm]) -> type[Algorithm]:
+    """Make ``algorithm`` known by its name to configs, the CLI and presets (the multi-agent algorithms
+    of ``phalanx.marl`` register themselves this way); returns it, so it can decorate the class."""
+    ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
+
+
 def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS)
 
@@ -47,4 +54,5 @@ __all__ = [
     "DuelingDQN",
     "algorithm_names",
     "get_algorithm",
+    "register_algorithm",
 ]

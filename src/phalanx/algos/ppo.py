@@ -76,12 +76,22 @@ class PPOConfig(ActorCriticConfig):
     target_kl: float | None = None
     """Stop the epochs of an update early once the approximate KL exceeds this (None: never)."""
 
+    def rollout_size(self, run: TrainConfig) -> int | None:
+        """Samples in one rollout, the bound of ``minibatch_size`` (None: known only with the env)."""
+        return self.horizon * run.num_envs
+
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
-        rollout = self.horizon * run.num_envs
+        rollout = self.rollout_size(run)
         check(isinstance(self.epochs, int) and self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
         check(
-            isinstance(self.minibatch_size, int) and 1 <= self.minibatch_size <= rollout,
+            isinstance(self.minibatch_size, int) and self.minibatch_size >= 1,
+            "minibatch_size",
+            self.minibatch_size,
+            "an integer >= 1",
+        )
+        check(
+            rollout is None or self.minibatch_size <= rollout,
             "minibatch_size",
             self.minibatch_size,
             f"an integer between 1 and the rollout size horizon * num_envs = {self.horizon} * "
@@ -123,7 +133,10 @@ class PPO(Algorithm):
         observation_space: gym.Space,
         action_space: gym.Space,
         device: torch.device,
+        critic_space: gym.Space | None = None,
     ) -> None:
+        """``critic_space``: the value function's input when it is not the observation (a centralised
+        critic on the global state, as MAPPO's); the rollout then carries it as ``critic_obs``."""
         super().__init__(config, observation_space, action_space, device)
         in_dim = obs_dim(observation_space)
         if isinstance(action_space, gym.spaces.Discrete):
@@ -138,7 +151,8 @@ class PPO(Algorithm):
                 config.activation,
                 config.log_std_init,
             )
-        self.value = ValueNet(in_dim, config.hidden_sizes, config.activation)
+        critic_dim = in_dim if critic_space is None else obs_dim(critic_space)
+        self.value = ValueNet(critic_dim, config.hidden_sizes, config.activation)
         self.policy.to(self.device)
         self.value.to(self.device)
         self.parameters = [*self.policy.parameters(), *self.value.parameters()]
@@ -169,9 +183,9 @@ class PPO(Algorithm):
             for group in self.optimizer.param_groups:
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
 
-        # 1-2. Advantages from the value of each step's true next observation.
+        # 1-2. Advantages from the value of each step's true next observation (or global state).
         with torch.no_grad():
-            next_values = self.value(rollout.next_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
+            next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
         advantages, returns = compute_gae(
             rollout.rewards,
             rollout.values,
@@ -183,6 +197,8 @@ class PPO(Algorithm):
         )
 
         obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
+        # (T*N, critic_dim): the value function's input, obs itself or (centralised critic) the global state
+        critic_obs = obs if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
         actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
         old_log_probs = rollout.log_probs.flatten()  # (T*N,)
         old_values = rollout.values.flatten()
@@ -208,7 +224,8 @@ class PPO(Algorithm):
                 if config.normalize_advantages and len(index) > 1:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                 policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, mb_advantages)
-                value_loss = self.value_loss(self.value(minibatch_obs), mb_old_values, mb_returns)
+                critic_input = minibatch_obs if critic_obs is obs else critic_obs[index]
+                value_loss = self.value_loss(self.value(critic_input), mb_old_values, mb_returns)
                 entropy_mean = entropy.mean()
                 loss = policy_loss + config.value_coef * value_loss
                 if config.entropy_coef != 0:  # with a zero coefficient the entropy term adds nothing

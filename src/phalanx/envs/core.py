@@ -131,15 +131,16 @@ class EpisodeStatistics:
     the undiscounted sum of the env's own rewards (before any reward scaling wrapper).
     """
 
-    def __init__(self, num_envs: int, device: torch.device) -> None:
-        self.returns = torch.zeros(num_envs, dtype=torch.float32, device=device)
+    def __init__(self, num_envs: int, device: torch.device, per_row: tuple[int, ...] = ()) -> None:
+        """``per_row``: the shape of one sub-env's reward, e.g. ``(num_agents,)`` for multi-agent envs."""
+        self.returns = torch.zeros((num_envs, *per_row), dtype=torch.float32, device=device)
         self.lengths = torch.zeros(num_envs, dtype=torch.int64, device=device)
 
     def step(self, reward: Tensor, done: Tensor) -> tuple[Tensor, Tensor]:
         """Add one step; return ``(episode_return, episode_length)`` valid where ``done``."""
         finished_return = self.returns + reward
         finished_length = self.lengths + 1
-        self.returns = finished_return.masked_fill(done, 0.0)
+        self.returns = finished_return.masked_fill(done.view(-1, *[1] * (reward.dim() - 1)), 0.0)
         self.lengths = finished_length.masked_fill(done, 0)
         return finished_return, finished_length
 

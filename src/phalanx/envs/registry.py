@@ -107,6 +107,9 @@ def _suggest(env_id: str) -> str:
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
+ELSEWHERE_HINTS: list[Callable[[str], str]] = []
+"""Functions that say where an unknown id lives (``phalanx.marl`` adds one for multi-agent ids)."""
+
 # Gymnasium namespaces whose ids a separate package registers: namespace -> how to get them.
 _NAMESPACES = {"ALE": "The Atari ids come with ale-py: `pip install ale-py`, then `import ale_py` first"}
 
@@ -115,6 +118,7 @@ def _elsewhere(env_id: str) -> str:
     """Where an id unknown to Gymnasium can be found: a namespace's package, or EnvPool if installed."""
     namespace, _, name = env_id.removeprefix(_GYM_PREFIX).rpartition("/")
     hints = [f" {_NAMESPACES[namespace]}."] if namespace in _NAMESPACES else []
+    hints += [hint(env_id) for hint in ELSEWHERE_HINTS]
     if importlib.util.find_spec("envpool") is not None:
         import envpool
 

@@ -67,7 +67,7 @@ class Learner:
         self.updates = 0
 
     def update(self, progress: float) -> dict[str, torch.Tensor]:
-        if isinstance(self.buffer, ReplayBuffer):
+        if not self.algorithm.on_policy:  # a replay buffer (single- or multi-agent)
             config = self.algorithm.config
             batch = self.buffer.sample(config.batch_size, config.gamma, config.n_step)
             metrics = self.algorithm.update(batch, progress)

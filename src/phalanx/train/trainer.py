@@ -255,14 +255,20 @@ class Trainer:
         # The env's own action bounds, so that a deployed agent maps [-1, 1] back to them.
         self.spaces = space_spec(self.env.single_observation_space, raw_env.single_action_space)
         self.buffer = self.make_buffer()
-        self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
-        self.updates_due = 0  # off-policy: gradient steps owed to the steps stored, not made yet
-        self.progress = 0.0  # the fraction of the budget spent when the last step was stored
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
         self.evaluator = None
         if self.is_main:
             self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
+        self.open_run(run_dir, show_progress)
+        self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
+        self.sync_statistics()
+
+    def open_run(self, run_dir: Path | None, show_progress: bool) -> None:
+        """The run directory, its checkpoints and the loop's counters: the last step of building a
+        trainer, once everything that can fail on bad input has been built."""
+        config, group = self.config, self.group
+        if self.is_main:
             self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
         if group is not None:
             self.run_dir = Path(group.broadcast(str(self.run_dir) if self.is_main else None))
@@ -278,8 +284,9 @@ class Trainer:
         self.next_eval = config.eval_every if config.eval_every else math.inf
         self.next_checkpoint = config.checkpoint_every if config.checkpoint_every else math.inf
         self.next_log = 0
-        self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
-        self.sync_statistics()
+        self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
+        self.updates_due = 0  # off-policy: gradient steps owed to the steps stored, not made yet
+        self.progress = 0.0  # the fraction of the budget spent when the last step was stored
 
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
         """The rollout or replay buffer the hyperparameters ask for."""
@@ -408,7 +415,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
         self.env.load_state_dict(state["env"])
-        self.worker.load_state_dict({"obs": state["worker"]["obs"].to(self.device)})
+        self.worker.load_state_dict(_to_device(state["worker"], self.device))
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
@@ -718,11 +725,21 @@ class Trainer:
             "error": error,
             "run_dir": str(self.run_dir),
             "latest_checkpoint": str(self.checkpoints.latest()) if self.checkpoints.latest() else None,
+            **self.extra_summary(),
         }
         temporary = self.run_dir / "summary.json.tmp"
         temporary.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(temporary, self.run_dir / "summary.json")
         return summary
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Fields a kind of run adds to summary.json (a multi-agent run: per-agent returns)."""
+        return {}
+
+
+def trainer_class(config: TrainConfig) -> type[Trainer]:
+    """The Trainer that runs ``config``'s algorithm (the multi-agent algorithms name their own)."""
+    return get_algorithm(config.algo).trainer_class or Trainer
 
 
 class TrainingInterrupted(Exception):
@@ -751,7 +768,7 @@ def train(
         return _train_in_launched_group(config, show_progress, on_run_dir)
     if config.num_learners > 1:
         return _launch(config, show_progress, on_run_dir)
-    trainer = Trainer(config, show_progress=show_progress)
+    trainer = trainer_class(config)(config, show_progress=show_progress)
     if on_run_dir is not None:
         on_run_dir(trainer.run_dir)
     try:
@@ -785,7 +802,7 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
     if config.num_learners > 1:
         del state  # learner 0 reads it again and sends each learner its shard
         return _launch(config, show_progress, None, run_dir=run_dir)
-    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress)
+    trainer = trainer_class(config)(config, run_dir=run_dir, show_progress=show_progress)
     try:
         trainer.load_state_dict(state)
         return trainer.train()

@@ -1,0 +1,112 @@
+"""Deployment of a multi-agent run: ``phalanx.load_agent(run_dir)`` gives a :class:`MultiAgentAgent`.
+
+``act(obs)`` takes every agent's observation as a dict per group (numpy or torch, ``(A_g, obs_dim)``
+for one sub-env or ``(N, A_g, obs_dim)`` for a batch) and returns each agent's action in the env's
+own action space; each agent acts on its own observation (decentralised execution), from the
+checkpoint alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.algos import get_algorithm
+from phalanx.config import TrainConfig
+from phalanx.errors import EnvError
+from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
+from phalanx.marl.registry import make_multi_agent_env
+from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
+from phalanx.train.trainer import EVAL_SEED_OFFSET
+
+
+class MultiAgentAgent:
+    """The trained policies of every agent of a multi-agent run."""
+
+    def __init__(
+        self, config: TrainConfig, state: dict[str, Any], device: str | torch.device = "cpu"
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.spec = MultiAgentSpec.from_dict(state["spaces"])
+        self.algorithm: MultiAgentAlgorithm = get_algorithm(config.algo)(
+            config.hyperparameters, self.spec, self.device
+        )
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.steps = state["progress"]["steps"]
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, Any], action_mask: dict[str, Any] | None = None, deterministic: bool = True):
+        """Actions ``{group: (A_g,) or (N, A_g[, act_dim])}`` in the env's action spaces; numpy in, numpy
+        out; torch in, torch out."""
+        if not isinstance(obs, dict) or set(obs) != set(self.spec.groups):
+            given = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            raise ValueError(
+                f"MultiAgentAgent.act: obs must be a dict with one array per agent group "
+                f"{sorted(self.spec.groups)}, got {given}."
+            )
+        is_numpy = not isinstance(next(iter(obs.values())), torch.Tensor)
+        tensors, single = {}, False
+        for name, group in self.spec.groups.items():
+            value = torch.as_tensor(np.asarray(obs[name]) if is_numpy else obs[name], dtype=torch.float32)
+            value = value.to(self.device)
+            expected = (group.num_agents, int(group.observation_space.shape[0]))
+            single = value.dim() == 2
+            if single:
+                value = value.unsqueeze(0)
+            if tuple(value.shape[1:]) != expected:
+                raise ValueError(
+                    f"MultiAgentAgent.act: observations of group {name!r} have shape "
+                    f"{tuple(value.shape[1:])} per sub-env, expected {expected} (agents, obs_dim) of the "
+                    f"training env {self.config.env!r}."
+                )
+            tensors[name] = value
+        masks = None
+        if action_mask is not None:
+            masks = {
+                name: torch.as_tensor(np.asarray(mask), device=self.device)
+                for name, mask in action_mask.items()
+            }
+            if single:
+                masks = {name: mask.unsqueeze(0) for name, mask in masks.items()}
+        actions = to_env_actions(self.algorithm.act(tensors, masks, deterministic), self.spec.groups)
+        if single:
+            actions = {name: value[0] for name, value in actions.items()}
+        return {name: value.cpu().numpy() for name, value in actions.items()} if is_numpy else actions
+
+    def evaluate(self, episodes: int = 10, seed: int | None = None) -> MultiAgentEvaluation:
+        """``episodes`` deterministic episodes on the training env: team and per-agent returns."""
+        env = make_multi_agent_env(self.config.env, num_envs=episodes, device=self.device)
+        try:
+            evaluator = MultiAgentEvaluator(
+                env, seed=self.config.seed + EVAL_SEED_OFFSET if seed is None else seed
+            )
+            return evaluator.evaluate(self.algorithm)
+        finally:
+            env.close()
+
+    def frames(self, max_steps: int = 2000) -> tuple[str, list[np.ndarray]]:
+        """One deterministic episode drawn by the env's own ``render()``: ``(name, frames)``."""
+        env = make_multi_agent_env(self.config.env, num_envs=1, device=self.device)
+        try:
+            obs, info = env.reset(seed=self.config.seed)
+            frames = [env.render()]
+            if frames[0] is None:
+                raise EnvError(
+                    f"cannot record {self.config.env!r}: the env does not render (render() returns None). "
+                    "The built-in tasks (simple_spread, simple_tag) do."
+                )
+            for _ in range(max_steps):
+                actions = self.algorithm.act(obs, info.get("action_mask"), deterministic=True)
+                obs, _, terminated, truncated, info = env.step(to_env_actions(actions, env.groups))
+                frames.append(env.render())
+                if bool(terminated[0] | truncated[0]):
+                    break
+        finally:
+            env.close()
+        return self.config.env.replace(":", "_"), frames
+
+
+MultiAgentAlgorithm.agent_class = MultiAgentAgent

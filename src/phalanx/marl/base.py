@@ -1,0 +1,170 @@
+"""What every multi-agent algorithm shares: the spec of the env it learns, and its interface.
+
+A :class:`MultiAgentAlgorithm` learns every agent group of a :class:`~phalanx.marl.core.MultiAgentVecEnv`
+at once (a cooperative task has one group; a competitive one a team per group, each with its own
+networks). It sees only the :class:`MultiAgentSpec` (the groups' spaces and the global state's), never
+the env. Per-agent arrays are dicts ``{group: (..., A_g, ...)}`` as in the env contract; Box actions
+are in the normalised space [-1, 1] and the worker rescales them to the env's bounds.
+
+On-policy (MAPPO, IPPO):
+
+- ``explore(obs, state, action_mask) -> (actions, log_probs, values)``, each a dict per group
+  (``log_probs``, ``values``: ``(N, A_g)``);
+- ``update(rollout: MultiAgentRollout, progress) -> metrics``.
+
+Off-policy (MADDPG, MATD3, QMIX, VDN):
+
+- ``explore(obs, state, action_mask, steps) -> actions`` (``steps``: env steps so far, for schedules);
+- ``random_actions(num_envs, action_mask) -> actions`` for the warm-up;
+- ``update(batch: MultiAgentBatch, progress) -> metrics``.
+
+Both: ``act(obs, action_mask=None, deterministic=True) -> actions`` for evaluation and deployment
+(decentralised execution: each agent acts on its own observation), ``state_dict`` / ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from phalanx.algos.base import Algorithm
+from phalanx.config import AlgoConfig
+from phalanx.errors import ConfigError
+from phalanx.marl.core import AgentGroup, Groups, MultiAgentVecEnv
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class MultiAgentSpec:
+    """The spaces a multi-agent algorithm is built for: the agent groups and the global state."""
+
+    groups: dict[str, AgentGroup]
+    state_space: gym.spaces.Box
+    has_action_mask: bool = False
+
+    @classmethod
+    def of(cls, env: MultiAgentVecEnv) -> MultiAgentSpec:
+        return cls(dict(env.groups), env.state_space, env.has_action_mask)
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.state_space.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Primitives only (for checkpoints, which load with ``weights_only=True``)."""
+        return {
+            "multi_agent": True,
+            "state_dim": self.state_dim,
+            "has_action_mask": self.has_action_mask,
+            "groups": {
+                name: {
+                    "agents": list(group.agents),
+                    "obs_dim": int(group.observation_space.shape[0]),
+                    "action": _space_dict(group.action_space),
+                }
+                for name, group in self.groups.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MultiAgentSpec:
+        groups = {}
+        for name, group in data["groups"].items():
+            observation_space = gym.spaces.Box(-np.inf, np.inf, (group["obs_dim"],), np.float32)
+            action = group["action"]
+            if action["kind"] == "discrete":
+                action_space: gym.Space = gym.spaces.Discrete(action["n"])
+            else:
+                action_space = gym.spaces.Box(
+                    np.asarray(action["low"], np.float32), np.asarray(action["high"], np.float32)
+                )
+            groups[name] = AgentGroup(tuple(group["agents"]), observation_space, action_space)
+        state_space = gym.spaces.Box(-np.inf, np.inf, (data["state_dim"],), np.float32)
+        return cls(groups, state_space, data["has_action_mask"])
+
+
+def _space_dict(space: gym.Space) -> dict[str, Any]:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"kind": "discrete", "n": int(space.n)}
+    return {"kind": "box", "low": space.low.tolist(), "high": space.high.tolist()}
+
+
+class MultiAgentAlgorithm(Algorithm):
+    """Base of the multi-agent algorithms (see the module docstring for the interface)."""
+
+    multi_agent = True
+    action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "continuous")
+    """Which action spaces the algorithm learns: discrete (Discrete) and/or continuous (Box)."""
+
+    def __init__(self, config: AlgoConfig, spec: MultiAgentSpec, device: torch.device) -> None:
+        self.check_spec(spec)
+        self.config = config
+        self.spec = spec
+        self.device = torch.device(device)
+        self.group = None  # no data-parallel learners for multi-agent runs
+
+    @classmethod
+    def check_spec(cls, spec: MultiAgentSpec) -> None:
+        """A ConfigError if a group's action space is of a kind this algorithm cannot learn."""
+        for name, group in spec.groups.items():
+            kind = "discrete" if group.discrete else "continuous"
+            if kind not in cls.action_kinds:
+                needed = " or ".join(cls.action_kinds)
+                alternatives = (
+                    "qmix, vdn, mappo or ippo" if kind == "discrete" else "maddpg, matd3, mappo or ippo"
+                )
+                raise ConfigError(
+                    f"{cls.name} needs {needed} actions, but agent group {name!r} "
+                    f"({', '.join(group.agents)}) "
+                    f"has the {kind} action space {group.action_space}. Use {alternatives} for it, or the "
+                    f"env's {'continuous' if kind == 'discrete' else 'discrete'} variant "
+                    "(see `phalanx envs`)."
+                )
+
+    @classmethod
+    def check_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> None:
+        raise ConfigError(
+            f"{cls.name} is a multi-agent algorithm: train it on a multi-agent env such as simple_spread "
+            "(see `phalanx envs`), not on a single-agent one."
+        )
+
+    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
+        raise NotImplementedError
+
+
+def with_agent_ids(x: Tensor, enabled: bool = True) -> Tensor:
+    """``(N, A, D)`` inputs with each agent's one-hot id appended, ``(N, A, D + A)`` (parameter sharing
+    tells agents apart by it); ``x`` itself when ``enabled`` is false or there is one agent."""
+    num_agents = x.shape[-2]
+    if not enabled or num_agents == 1:
+        return x
+    ids = torch.eye(num_agents, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], num_agents)
+    return torch.cat((x, ids), dim=-1)
+
+
+def agent_id_dim(num_agents: int, enabled: bool = True) -> int:
+    """How many inputs :func:`with_agent_ids` appends."""
+    return num_agents if enabled and num_agents > 1 else 0
+
+
+def broadcast_state(state: Tensor, num_agents: int) -> Tensor:
+    """The global state ``(N, S)`` repeated for each agent: ``(N, A, S)`` (a view)."""
+    return state.unsqueeze(-2).expand(*state.shape[:-1], num_agents, state.shape[-1])
+
+
+def to_env_actions(actions: Groups, groups: dict[str, AgentGroup]) -> Groups:
+    """Actions of the normalised space (Box: [-1, 1]) in the env's bounds (Discrete: unchanged)."""
+    env_actions: Groups = {}
+    for name, group in groups.items():
+        value = actions[name]
+        if not group.discrete:
+            low = torch.as_tensor(group.action_space.low, dtype=value.dtype, device=value.device)
+            high = torch.as_tensor(group.action_space.high, dtype=value.dtype, device=value.device)
+            value = low + (value.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        env_actions[name] = value
+    return env_actions

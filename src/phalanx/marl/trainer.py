@@ -1,0 +1,245 @@
+"""Multi-agent training: the single-agent Trainer's loop, with a multi-agent env, worker and evaluator.
+
+The loop itself (budget, evaluations, logging, checkpoints, resume, Ctrl+C, summary) is
+:class:`phalanx.train.trainer.Trainer`'s; this module supplies the parts that see per-agent data:
+
+- :class:`MultiAgentWorker` steps a :class:`~phalanx.marl.core.MultiAgentVecEnv` with the algorithm's
+  exploration, into a :class:`~phalanx.marl.buffers.MultiAgentRollout` (on-policy) or one transition
+  at a time into a :class:`~phalanx.marl.buffers.MultiAgentReplayBuffer` (off-policy);
+- :class:`MultiAgentEvaluator` runs deterministic episodes and reports every agent's return and each
+  group's *team return* (the mean of its agents' returns); the first group's team return is the run's
+  ``eval_return_mean`` (what ``stop_return`` and the best checkpoint follow);
+- :class:`MultiAgentTrainer` wires them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.algos import get_algorithm
+from phalanx.config import TrainConfig
+from phalanx.errors import ConfigError
+from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
+from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
+from phalanx.marl.core import Groups, MultiAgentVecEnv
+from phalanx.marl.registry import make_multi_agent_env
+from phalanx.train.evaluator import Evaluation, Evaluator
+from phalanx.train.learner import Learner
+from phalanx.train.trainer import EVAL_SEED_OFFSET, Trainer
+from phalanx.train.worker import EpisodeLog
+
+Tensor = torch.Tensor
+
+
+def team_returns(episode_return: Groups) -> Groups:
+    """Each group's team return ``(N,)``: the mean of its agents' returns ``(N, A_g)``."""
+    return {name: returns.mean(dim=1) for name, returns in episode_return.items()}
+
+
+class TeamEpisodeLog:
+    """Training episodes' team returns, one :class:`EpisodeLog` per group; the first group's is the run's
+    ``episode_return_mean``, the others are logged as ``episode_return/<group>``."""
+
+    def __init__(self, groups: list[str], device: torch.device) -> None:
+        self.logs = {name: EpisodeLog(device) for name in groups}
+
+    def record(self, episode_return: Groups, episode_length: Tensor, done: Tensor) -> None:
+        for name, returns in team_returns(episode_return).items():
+            self.logs[name].record(returns, episode_length, done)
+
+    def read(self) -> dict[str, float]:
+        rows = {name: log.read() for name, log in self.logs.items()}
+        first, *others = rows
+        row = rows[first]
+        for name in others:
+            if "episode_return_mean" in rows[name]:
+                row[f"episode_return/{name}"] = rows[name]["episode_return_mean"]
+        return row
+
+
+class MultiAgentWorker:
+    """Steps a multi-agent env with the algorithm's policy; keeps the current observations, global state
+    and action masks between calls (the :class:`~phalanx.train.worker.Worker` interface)."""
+
+    in_flight = False  # steps are never left in flight (no worker-process pipeline for multi-agent runs)
+
+    def __init__(self, env: MultiAgentVecEnv, algorithm: MultiAgentAlgorithm) -> None:
+        self.env = env
+        self.algorithm = algorithm
+        self.obs: Groups | None = None
+        self.state: Tensor | None = None
+        self.action_mask: Groups | None = None
+        self.episodes = TeamEpisodeLog(list(env.groups), env.device)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.obs, info = self.env.reset(seed=seed)
+        self.state, self.action_mask = info["state"], info.get("action_mask")
+
+    def _step(self, actions: Groups) -> tuple[Groups, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """Step the env with normalised ``actions``; record finished episodes; move to the next obs."""
+        next_obs, rewards, terminated, truncated, info = self.env.step(
+            to_env_actions(actions, self.env.groups)
+        )
+        dones = terminated | truncated
+        self.episodes.record(info["episode_return"], info["episode_length"], dones)
+        self.obs, self.state, self.action_mask = next_obs, info["state"], info.get("action_mask")
+        return rewards, terminated, truncated, dones, info
+
+    def collect(self, buffer: MultiAgentRollout) -> MultiAgentRollout:
+        """Fill ``buffer`` with ``buffer.horizon`` steps of every sub-env."""
+        if self.obs is None:
+            raise RuntimeError("MultiAgentWorker.collect called before reset")
+        for step in range(buffer.horizon):
+            obs, state, action_mask = self.obs, self.state, self.action_mask
+            actions, log_probs, values = self.algorithm.explore(obs, state, action_mask)
+            rewards, terminated, _, dones, info = self._step(actions)
+            buffer.add(
+                step,
+                obs=obs,
+                state=state,
+                actions=actions,
+                log_probs=log_probs,
+                values=values,
+                rewards=rewards,
+                terminated=terminated,
+                dones=dones,
+                next_obs=info["final_obs"],
+                next_state=info["final_state"],
+                action_mask=action_mask,
+            )
+        return buffer
+
+    def transition(self, steps: int, random: bool, policy: Any | None = None) -> dict[str, Any]:
+        """One step of every sub-env, as :meth:`MultiAgentReplayBuffer.add` takes it."""
+        algorithm = policy if policy is not None else self.algorithm
+        obs, state, action_mask = self.obs, self.state, self.action_mask
+        if random:
+            actions = algorithm.random_actions(self.env.num_envs, action_mask)
+        else:
+            actions = algorithm.explore(obs, state, action_mask, steps)
+        rewards, terminated, _, _, info = self._step(actions)
+        return {
+            "obs": obs,
+            "state": state,
+            "actions": actions,
+            "rewards": rewards,
+            "next_obs": info["final_obs"],
+            "next_state": info["final_state"],
+            "terminated": terminated,
+            "next_action_mask": info.get("final_action_mask"),
+        }
+
+    def store(self, replay: MultiAgentReplayBuffer, transition: dict[str, Any]) -> None:
+        replay.add(**transition)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"obs": self.obs, "state": self.state, "action_mask": self.action_mask}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.obs, self.state, self.action_mask = state["obs"], state["state"], state.get("action_mask")
+
+
+@dataclass
+class MultiAgentEvaluation(Evaluation):
+    """``returns``: the first group's team return of each episode; ``agents``: each agent's mean return;
+    ``teams``: each group's mean team return."""
+
+    agents: dict[str, float] = field(default_factory=dict)
+    teams: dict[str, float] = field(default_factory=dict)
+
+
+class MultiAgentEvaluator(Evaluator):
+    """One deterministic episode per sub-env of ``env`` (decentralised: each agent acts on its own
+    observation), reset with the same seed every time."""
+
+    env: MultiAgentVecEnv
+
+    @torch.no_grad()
+    def evaluate(self, algorithm: MultiAgentAlgorithm) -> MultiAgentEvaluation:
+        env = self.env
+        obs, info = env.reset(seed=self.seed)
+        finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+        returns = torch.zeros(env.num_envs, env.num_agents, device=env.device)  # (N, all agents)
+        lengths = torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
+        for step in range(1, self.max_steps + 1):
+            actions = algorithm.act(obs, info.get("action_mask"), deterministic=True)
+            obs, _, terminated, truncated, info = env.step(to_env_actions(actions, env.groups))
+            first_end = (terminated | truncated) & ~finished
+            episode_return = torch.cat([info["episode_return"][name] for name in env.groups], dim=1)
+            returns = torch.where(first_end.unsqueeze(1), episode_return, returns)
+            lengths = torch.where(first_end, info["episode_length"], lengths)
+            finished |= first_end
+            if step % self.check_every == 0 and bool(finished.all()):
+                break
+        if not bool(finished.all()):
+            raise RuntimeError(
+                f"evaluation: {int((~finished).sum())} of {env.num_envs} episodes of {env!r} did not end "
+                f"within {self.max_steps} steps. Give the env a time limit."
+            )
+        sizes = [group.num_agents for group in env.groups.values()]
+        teams = team_returns(dict(zip(env.groups, returns.split(sizes, dim=1), strict=True)))
+        agent_means = returns.mean(dim=0).tolist()
+        return MultiAgentEvaluation(
+            returns=teams[next(iter(env.groups))].tolist(),
+            lengths=lengths.tolist(),
+            agents=dict(zip(env.agents, agent_means, strict=True)),
+            teams={name: float(team.mean()) for name, team in teams.items()},
+        )
+
+
+class MultiAgentTrainer(Trainer):
+    """A :class:`~phalanx.train.trainer.Trainer` for the multi-agent algorithms of :mod:`phalanx.marl`."""
+
+    algorithm: MultiAgentAlgorithm
+
+    def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
+        self.env = make_multi_agent_env(
+            config.env, num_envs=config.num_envs, device=config.device, num_workers=config.num_workers
+        )
+        self.eval_env = make_multi_agent_env(config.env, num_envs=config.eval_episodes, device=config.device)
+        self.spec = MultiAgentSpec.of(self.env)
+        self.algorithm = get_algorithm(config.algo)(config.hyperparameters, self.spec, self.device)
+        self.obs_statistics = None
+        self.statistics_syncs = []
+        self.step_size = config.num_envs
+        self.spaces = self.spec.to_dict()
+        self.buffer = self.make_buffer()
+        self.worker = MultiAgentWorker(self.env, self.algorithm)
+        self.learner = Learner(self.algorithm, self.buffer)
+        self.evaluator = MultiAgentEvaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
+        self.open_run(run_dir, show_progress)
+        self.worker.reset(seed=config.seed)
+
+    def make_buffer(self) -> MultiAgentRollout | MultiAgentReplayBuffer:
+        config, hp = self.config, self.config.hyperparameters
+        if self.algorithm.on_policy:
+            return MultiAgentRollout(hp.horizon, config.num_envs, self.spec, self.device)
+        return MultiAgentReplayBuffer(hp.buffer_size, config.num_envs, self.spec, self.device)
+
+    def evaluate(self) -> dict[str, float]:
+        row = super().evaluate()
+        evaluation = self.last_evaluation
+        row.update({f"eval_return/{agent}": value for agent, value in evaluation.agents.items()})
+        if len(evaluation.teams) > 1:
+            row.update({f"eval_team_return/{name}": value for name, value in evaluation.teams.items()})
+        return row
+
+    def extra_summary(self) -> dict[str, Any]:
+        evaluation = self.last_evaluation
+        return {
+            "eval_agent_returns": evaluation.agents if evaluation else None,
+            "eval_team_returns": evaluation.teams if evaluation else None,
+        }
+
+    def adopt(self, *args: Any, **kwargs: Any) -> None:
+        raise ConfigError(
+            f"{self.config.algo} is a multi-agent algorithm; population-based training runs single-agent "
+            "algorithms only."
+        )
+
+
+MultiAgentAlgorithm.trainer_class = MultiAgentTrainer
