@@ -5,8 +5,10 @@ with ``phalanx.algos``, so that configs, presets and the CLI know them (``phalan
 """
 
 from phalanx.marl import mappo
+from phalanx.marl.adapters import PettingZooVecEnv, VMASVecEnv
 from phalanx.marl.agent import MultiAgentAgent
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec
+from phalanx.marl.check import check_multi_agent_env
 from phalanx.marl.core import AgentGroup, BatchedMultiAgentEnv, MultiAgentVecEnv
 from phalanx.marl.registry import list_multi_agent_envs, make_multi_agent_env, register_multi_agent_env
 from phalanx.marl.trainer import MultiAgentTrainer
@@ -19,6 +21,9 @@ __all__ = [
     "MultiAgentSpec",
     "MultiAgentTrainer",
     "MultiAgentVecEnv",
+    "PettingZooVecEnv",
+    "VMASVecEnv",
+    "check_multi_agent_env",
     "list_multi_agent_envs",
     "make_multi_agent_env",
     "mappo",
