@@ -19,6 +19,8 @@ PARALLELISM_GUIDE = ROOT / "docs" / "parallelism.md"
 PARALLELISM_BLOCKS = re.findall(r"```python\n(.*?)```", PARALLELISM_GUIDE.read_text(), flags=re.S)
 POPULATION_GUIDE = ROOT / "docs" / "population.md"
 POPULATION_BLOCKS = re.findall(r"```python\n(.*?)```", POPULATION_GUIDE.read_text(), flags=re.S)
+MULTI_AGENT_GUIDE = ROOT / "docs" / "multi_agent.md"
+MULTI_AGENT_BLOCKS = re.findall(r"```python\n(.*?)```", MULTI_AGENT_GUIDE.read_text(), flags=re.S)
 CONTINUES = "# (continues the block above)"
 
 
@@ -125,6 +127,26 @@ def test_population_guide_yaml_is_a_valid_population_config(tmp_path):
     block = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)[0]
     (tmp_path / "population.yaml").write_text(block)
     PopulationConfig.from_yaml(tmp_path / "population.yaml").validate()
+
+
+@pytest.mark.parametrize("index", range(len(MULTI_AGENT_BLOCKS)))
+def test_multi_agent_guide_python_block_runs(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = MULTI_AGENT_BLOCKS[index]
+    exec(compile(code, f"multi_agent.md python block {index}", "exec"), {"__name__": f"marl_block_{index}"})
+
+
+def test_multi_agent_guide_names_every_multi_agent_algorithm_and_env():
+    from phalanx.algos import ALGORITHMS
+    from phalanx.marl.registry import BUILTIN_IDS
+
+    text = MULTI_AGENT_GUIDE.read_text()
+    assert len(MULTI_AGENT_BLOCKS) >= 2 and "docs/multi_agent.md" in (ROOT / "README.md").read_text()
+    for name, algorithm in ALGORITHMS.items():
+        if algorithm.multi_agent:
+            assert f"| `{name}` |" in text, name
+    for env_id in BUILTIN_IDS:
+        assert env_id.removesuffix("_continuous") in text, env_id
 
 
 def test_readme_links_the_parallelism_guide():
