@@ -4,7 +4,7 @@ Importing this package registers the multi-agent algorithms (mappo, ippo, qmix, 
 with ``phalanx.algos``, so that configs, presets and the CLI know them (``phalanx`` imports it).
 """
 
-from phalanx.marl import mappo
+from phalanx.marl import maddpg, mappo, qmix
 from phalanx.marl.adapters import PettingZooVecEnv, VMASVecEnv
 from phalanx.marl.agent import MultiAgentAgent
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec
@@ -26,6 +26,8 @@ __all__ = [
     "check_multi_agent_env",
     "list_multi_agent_envs",
     "make_multi_agent_env",
+    "maddpg",
     "mappo",
+    "qmix",
     "register_multi_agent_env",
 ]
