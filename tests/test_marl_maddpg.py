@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -121,7 +119,7 @@ def test_configs_reuse_ddpg_and_td3_and_allow_one_step_returns_only():
     config, td3 = MATD3Config(), MATD3Config()
     assert isinstance(config, TD3Config) and isinstance(config, MADDPGConfig)
     assert (td3.num_critics, td3.policy_delay, td3.target_noise, td3.target_noise_clip) == (2, 2, 0.2, 0.5)
-    assert (config.gamma, config.tau, config.hidden_sizes) == (MADDPGConfig.gamma, 0.01, (64, 64))
+    assert (config.gamma, config.tau, config.hidden_sizes) == (0.95, 0.05, (64, 64))
     assert (MADDPGConfig().num_critics, MADDPGConfig().policy_delay) == (1, 1)
     for algo in ("maddpg", "matd3"):
         with pytest.raises(ConfigError, match=r"n_step = 3 is invalid: expected 1"):
@@ -310,21 +308,26 @@ def random_team_return(episodes: int = 512) -> float:
     return float(info["episode_return"]["agent"].mean())
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("phalanx.marl.trainer") is None,
-    reason="the multi-agent trainer is not there yet",
-)
+# simple_spread_continuous to a team return of -17: uniformly random actions score about -26 and every
+# agent driving to its nearest landmark about -18. With the presets (256 envs), MADDPG and MATD3 reach
+# it at the second evaluation, 82k env steps (~15 s; seeds 0-2), and about -12 after 320k (~60 s).
 @pytest.mark.parametrize("algo", ["maddpg", pytest.param("matd3", marks=pytest.mark.slow)])
 def test_learns_simple_spread_continuous(tmp_path, algo):
-    random_return = random_team_return()  # about -26
-    threshold = random_return + 6.0
+    try:
+        import phalanx.marl.trainer  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"the multi-agent trainer (phalanx.marl.trainer) cannot be imported: {error}")
+    random_return = random_team_return()
     config = phalanx.make_config(
         algo,
         "simple_spread_continuous",
         run_dir=str(tmp_path / algo),
         seed=0,
         torch_threads=1,
-        stop_return=threshold,
+        total_steps=163_840,
+        stop_return=-17.0,
     )
     summary = phalanx.train(config, show_progress=False).summary
-    assert summary["best_eval_return"] >= threshold, (random_return, summary)
+    assert random_return < -24.0, random_return
+    assert summary["best_eval_return"] >= -17.0 >= random_return + 7.0, (random_return, summary)
+    assert summary["total_steps"] < 163_840, summary

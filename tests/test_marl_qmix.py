@@ -262,23 +262,31 @@ def test_masked_next_actions_never_feed_the_target():
 @pytest.mark.parametrize("dueling", [False, True])
 def test_updates_on_a_fixed_batch_decrease_the_td_loss(algo, share, dueling):
     spec = two_group_spec(masks=True)
-    qmix = make(algo, spec, share_parameters=share, dueling=dueling, learning_rate=3e-3)
+    qmix = make(
+        algo,
+        spec,
+        share_parameters=share,
+        dueling=dueling,
+        learning_rate=3e-3,
+        tau=1.0,
+        target_update_interval=1000,
+    )
     batch = random_batch(spec, size=64, masks=True)
-    losses = [qmix.update(batch, 0.0)["td_loss"] for _ in range(150)]  # targets fixed: 200 updates apart
+    losses = [qmix.update(batch, 0.0)["td_loss"] for _ in range(150)]  # the targets stay fixed
     assert torch.isfinite(torch.stack(losses)).all()
     assert losses[-1] < 0.3 * losses[0], (losses[0], losses[-1])
 
 
 def test_target_networks_follow_every_target_update_interval():
     spec = spread_spec()
-    qmix = make(target_update_interval=3, learning_rate=1e-2)
+    qmix = make(target_update_interval=3, tau=1.0, learning_rate=1e-2)
     batch = random_batch(spec)
+    pairs = [
+        (qmix.q_networks["agent"], qmix.q_targets["agent"]),
+        (qmix.mixers["agent"], qmix.mixer_targets["agent"]),
+    ]
 
     def same() -> bool:
-        pairs = [
-            (qmix.q_networks["agent"], qmix.q_targets["agent"]),
-            (qmix.mixers["agent"], qmix.mixer_targets["agent"]),
-        ]
         return all(
             torch.equal(p, q)
             for online, target in pairs
@@ -291,7 +299,17 @@ def test_target_networks_follow_every_target_update_interval():
     assert not same()
     qmix.update(batch, 0.0)
     assert same()
-    assert not any(p.requires_grad for p in qmix.q_targets["agent"].parameters())
+    assert not any(p.requires_grad for _, target in pairs for p in target.parameters())
+
+
+def test_polyak_targets_move_by_tau_after_every_update():
+    qmix = make(target_update_interval=1, tau=0.25, learning_rate=1e-2)
+    before = [p.clone() for p in qmix.mixer_targets["agent"].parameters()]
+    qmix.update(random_batch(spread_spec()), 0.0)
+    for old, online, target in zip(
+        before, qmix.mixers["agent"].parameters(), qmix.mixer_targets["agent"].parameters(), strict=True
+    ):
+        torch.testing.assert_close(target, 0.75 * old + 0.25 * online)
 
 
 def test_separate_parameters_give_each_agent_its_own_network():
@@ -377,12 +395,17 @@ def test_registered_with_validated_configs():
 HAS_TRAINER = importlib.util.find_spec("phalanx.marl.trainer") is not None
 RANDOM_RETURN = -26.6
 """A uniformly random policy's mean return per agent on simple_spread (N=3, local_ratio 0.5, 25 steps),
-measured over 1000 episodes (a team return of -80; standing still scores -25 per agent)."""
+over 1000 episodes (standing still scores -25; the untrained greedy policies about -57)."""
 
 
+# simple_spread to a team return of -20 per agent (random + 6.6): the presets need 20-30k env steps
+# (QMIX) and 10-20k (VDN) of their 60k budget, ~15-40 s on one thread.
 @pytest.mark.skipif(not HAS_TRAINER, reason="the multi-agent trainer phalanx.marl.trainer is not there yet")
-@pytest.mark.parametrize("algo", ["qmix", pytest.param("vdn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
 def test_learns_simple_spread(tmp_path, algo):
-    config = phalanx.make_config(algo, "simple_spread", run_dir=str(tmp_path / algo), seed=0, torch_threads=1)
+    config = phalanx.make_config(
+        algo, "simple_spread", run_dir=str(tmp_path / algo), seed=0, torch_threads=1, stop_return=-20.0
+    )
     summary = phalanx.train(config, show_progress=False).summary
-    assert summary["best_eval_return"] > RANDOM_RETURN + 6, summary
+    assert summary["best_eval_return"] >= RANDOM_RETURN + 6.6, summary
+    assert summary["total_steps"] < config.total_steps, summary

@@ -6,9 +6,12 @@ actions' Q-values into the team's ``Q_tot(s, u)``, learned with one TD target pe
 
     y = team_reward + discount * Q_tot_target(Q_target_a(o'_a, u*_a) for each agent a, s')
 
-where ``u*_a = argmax Q_a(o'_a)`` over the agent's allowed actions (double Q-learning: the online
-networks pick, the target networks value). Since ``Q_tot`` is monotonic in every ``Q_a``, each agent's
-greedy action is the team's greedy joint action: that is what makes decentralised acting consistent.
+where ``u*_a = argmax Q_a(o'_a)`` over the agent's allowed actions (double Q-learning, on by default as
+in QMIX: the online networks pick, the target networks value; ``double=False``: the target networks
+pick too). Since ``Q_tot`` is monotonic in every ``Q_a``, each agent's greedy action is the team's greedy
+joint action: that is what makes decentralised acting consistent. The team reward is the sum (or mean,
+``team_reward``) of the group's per-agent rewards; the loss is the squared TD error of ``Q_tot``, summed
+over the groups (each group is a team with its own networks).
 
 - QMIX's mixer is a network on the agents' Q-values whose weights come from hypernetworks of the global
   state, made non-negative with ``abs`` (monotonic); its biases are state-dependent, the last one a
@@ -18,7 +21,9 @@ greedy action is the team's greedy joint action: that is what makes decentralise
 The rest is DQN's (:mod:`phalanx.algos.dqn`): the Q-network (optionally dueling), the epsilon-greedy
 exploration schedule, target networks copied every ``target_update_interval`` updates (or Polyak with
 ``tau < 1``), gradient-norm clipping. Agents of a group share one Q-network with a one-hot agent id in
-its input (``share_parameters``), or have one each, evaluated as one ensemble.
+its input (``share_parameters``), or have one each, evaluated as one ensemble. Action masks
+(``action_mask``, ``next_action_mask``) exclude actions from the greedy choice, the random ones and the
+targets' next actions.
 """
 
 from __future__ import annotations
@@ -46,24 +51,31 @@ Tensor = torch.Tensor
 TEAM_REWARDS = ("sum", "mean")
 MIXER_OUTPUT_GAIN = 0.3
 """Init gain of the hypernetworks' output layers. With gain 1, the initial mixer multiplies the agents'
-Q-values by ~6 (dQ_tot/dQ_a) and adds ~+4 on simple_spread's states: every TD target's greedy maximum is
-amplified as much and the values diverge. 0.3 starts the mixer near a sum with weights ~0.6 (as
-PyTorch's default init of the reference implementation, pymarl, does)."""
+Q-values by ~6 (dQ_tot/dQ_a) and adds ~+4 on simple_spread's states, and QMIX's values there diverged
+within 20k env steps; 0.3 starts the mixer near a sum with weights ~0.6, as PyTorch's default init does
+in the reference implementation (pymarl)."""
 
 
 @dataclass
 class ValueDecompositionConfig(DQNConfig):
-    """What QMIX and VDN share: DQN's settings, for teams of agents with a mixed team value."""
+    """What QMIX and VDN share: DQN's settings, for teams of agents with a mixed team value.
+
+    The defaults suit MPE ``simple_spread`` (25-step episodes, negative rewards): Polyak target updates
+    after every gradient step and gamma 0.9, as BenchMARL's; with gamma 0.95 or 0.99, QMIX's values on
+    simple_spread drift upwards and diverge within 50-100k env steps (the mixing weights grow, and the
+    maximum in every target is amplified as much).
+    """
 
     learning_rate: float = 5e-4
+    gamma: float = 0.9
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "relu"
     buffer_size: int = 200_000
     batch_size: int = 256
     learning_starts: int = 5_000
-    updates_per_step: float = 0.125
-    tau: float = 1.0
-    target_update_interval: int = 200
+    updates_per_step: float = 0.25
+    tau: float = 0.005
+    target_update_interval: int = 1
     exploration_steps: int = 100_000
     double: bool = True
     share_parameters: bool = True
@@ -177,6 +189,8 @@ def masked_argmax(q_values: Tensor, mask: Tensor | None) -> Tensor:
 
 @register_algorithm
 class QMIX(MultiAgentAlgorithm):
+    """QMIX for every agent group of a multi-agent env with Discrete actions (see the module docstring)."""
+
     name = "qmix"
     config_class = QMIXConfig
     on_policy = False
@@ -315,6 +329,8 @@ class QMIX(MultiAgentAlgorithm):
 
 @register_algorithm
 class VDN(QMIX):
+    """VDN: QMIX with the sum of the agents' Q-values as the mixer."""
+
     name = "vdn"
     config_class = VDNConfig
 
