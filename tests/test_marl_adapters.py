@@ -8,6 +8,7 @@ importable modules (this one included) or is pickled by value.
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 import sys
 import textwrap
@@ -528,7 +529,9 @@ def test_a_crashing_copy_raises_env_error_naming_worker_and_copy_and_closes():
     assert time.monotonic() - start < 10.0
     message = str(error.value)
     assert "PettingZooVecEnv('elimination_v0')" in message and "RuntimeError: injected fault" in message
-    assert "worker 0 (pid" in message and "copies 0..1" in message and "in copy 0 during step" in message
+    # every copy raises at the same step: whichever worker answers first is the one named
+    assert re.search(r"worker (0 \(pid \d+, copies 0\.\.1\)|1 \(pid \d+, copies 2\.\.3\))", message), message
+    assert re.search(r"in copy [02] during step", message), message
     assert env.closed and wait_gone(pids) == []
     with pytest.raises(EnvError, match="closed"):
         env.step(actions)
