@@ -58,6 +58,23 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     return info
 
 
+def timed_steps(step, sync, warmup_steps: int, min_seconds: float, chunk: int) -> tuple[int, float]:
+    """Run ``step`` warmup_steps times, then in chunks until min_seconds have passed: (steps, seconds)."""
+    for _ in range(warmup_steps):
+        step()
+    sync()
+    steps = 0
+    start = time.perf_counter()
+    while True:
+        for _ in range(chunk):
+            step()
+        steps += chunk
+        sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return steps, elapsed
+
+
 def add_json_option(parser: Any) -> None:
     """``--json [PATH]``: write the results as JSON to PATH, or with no PATH to benchmarks/results/."""
     parser.add_argument(

@@ -22,32 +22,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, timed_steps, write_json  # noqa: E402
 
 ENV_ID = "CartPole-v1"
-
-
-def _timed(step, sync, warmup_steps: int, min_seconds: float, chunk: int) -> tuple[int, float]:
-    """Run ``step`` warmup_steps times, then in chunks until min_seconds have passed: (steps, seconds)."""
-    for _ in range(warmup_steps):
-        step()
-    sync()
-    steps = 0
-    start = time.perf_counter()
-    while True:
-        for _ in range(chunk):
-            step()
-        steps += chunk
-        sync()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return steps, elapsed
 
 
 def bench_phalanx(num_envs: int, device: str, warmup: int, seconds: float, seed: int = 0) -> dict[str, Any]:
@@ -68,7 +50,7 @@ def bench_phalanx(num_envs: int, device: str, warmup: int, seconds: float, seed:
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
 
-    steps, elapsed = _timed(step, sync, warmup, seconds, chunk=10)
+    steps, elapsed = timed_steps(step, sync, warmup, seconds, chunk=10)
     return {
         "name": "phalanx",
         "vector_env": f"phalanx.make_env({ENV_ID!r}) (built-in batched torch simulator)",
@@ -90,7 +72,7 @@ def bench_gymnasium(num_envs: int, warmup: int, seconds: float, seed: int = 0) -
     def step() -> None:
         envs.step(envs.action_space.sample())
 
-    steps, elapsed = _timed(step, lambda: None, warmup, seconds, chunk=100)
+    steps, elapsed = timed_steps(step, lambda: None, warmup, seconds, chunk=100)
     envs.close()
     return {
         "name": "gymnasium",

@@ -32,26 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, timed_steps, write_json  # noqa: E402
 
 AGENTS = 3
-
-
-def _timed(step, sync, warmup_steps: int, min_seconds: float, chunk: int) -> tuple[int, float]:
-    """Run ``step`` warmup_steps times, then in chunks until min_seconds have passed: (steps, seconds)."""
-    for _ in range(warmup_steps):
-        step()
-    sync()
-    steps = 0
-    start = time.perf_counter()
-    while True:
-        for _ in range(chunk):
-            step()
-        steps += chunk
-        sync()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return steps, elapsed
 
 
 def _row(name: str, vector_env: str, device: str, num_envs: int, steps: int, elapsed: float, **extra: Any):
@@ -88,7 +71,7 @@ def bench_phalanx(num_envs: int, device: str, warmup: int, seconds: float, seed:
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
 
-    steps, elapsed = _timed(step, sync, warmup, seconds, chunk=10)
+    steps, elapsed = timed_steps(step, sync, warmup, seconds, chunk=10)
     env.close()
     return _row(
         "phalanx",
@@ -118,7 +101,7 @@ def bench_mpe2(num_envs: int, workers: int, warmup: int, seconds: float, seed: i
         def step() -> None:
             env.step({"agent": torch.randint(0, 5, shape, generator=generator)})
 
-        steps, elapsed = _timed(step, lambda: None, warmup, seconds, chunk=10)
+        steps, elapsed = timed_steps(step, lambda: None, warmup, seconds, chunk=10)
     finally:
         env.close()
     where = "in-process" if workers == 0 else f"{workers} worker process{'es' if workers > 1 else ''}"
