@@ -81,21 +81,40 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return same
 
 
-class _Checker:
-    def __init__(self, env: Any, num_steps: int, seed: int) -> None:
+class CheckerBase:
+    """What the contract checkers (this one and ``phalanx.marl.check``'s) share: the violations found,
+    one line per kind, and :meth:`call`, which turns an exception of the user's env into one."""
+
+    def __init__(self, env: Any, seed: int) -> None:
         self.env = env
         self.name = repr(env)
-        self.num_steps = num_steps
         self.seed = seed
         self.violations: dict[str, str] = {}  # key -> line; one line per kind of violation
         self.warnings: list[str] = []
         self.device: torch.device | None = None
-        self.obs_shape: tuple[int, ...] | None = None
         self.n = 0
         self.at = ""  # " at step k" while stepping, for messages
 
     def fail(self, key: str, line: str) -> None:
         self.violations.setdefault(key, line)
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - the user's env may raise anything
+            self.fail(
+                f"raised:{what.split('(')[0]}",
+                f"{what} raised {_describe(error)}. Expected it to return normally. Fix the env "
+                f"(call env.{what.split('(')[0]}(...) directly to see the full traceback).",
+            )
+            raise _Abort from None
+
+
+class _Checker(CheckerBase):
+    def __init__(self, env: Any, num_steps: int, seed: int) -> None:
+        super().__init__(env, seed)
+        self.num_steps = num_steps
+        self.obs_shape: tuple[int, ...] | None = None
 
     # -- static structure --------------------------------------------------------------------------
     def check_structure(self) -> None:
@@ -241,17 +260,6 @@ class _Checker:
                     "Fix: check the dynamics for divisions by zero, exp/log overflow or unbounded state.",
                 )
         return ok
-
-    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - the user's env may raise anything
-            self.fail(
-                f"raised:{what.split('(')[0]}",
-                f"{what} raised {_describe(error)}. Expected it to return normally. Fix the env "
-                f"(call env.{what.split('(')[0]}(...) directly to see the full traceback).",
-            )
-            raise _Abort from None
 
     # -- actions -----------------------------------------------------------------------------------
     def make_action_sampler(self) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.check import _Abort, _describe, _equal, _fmt, _same_device
+from phalanx.envs.check import CheckerBase, _Abort, _equal, _fmt, _same_device
 from phalanx.errors import ContractError
 from phalanx.marl.core import AgentGroup, MultiAgentVecEnv
 
@@ -43,23 +43,13 @@ class MultiAgentCheckReport:
     warnings: list[str] = field(default_factory=list)
 
 
-class _Checker:
+class _Checker(CheckerBase):
     def __init__(self, env: Any, steps: int, seed: int) -> None:
-        self.env = env
-        self.name = repr(env)
+        super().__init__(env, seed)
         self.steps = steps
-        self.seed = seed
-        self.violations: dict[str, str] = {}  # key -> line; one line per kind of violation
-        self.warnings: list[str] = []
-        self.device: torch.device | None = None
         self.groups: dict[str, AgentGroup] = {}
-        self.n = 0
         self.state_dim: int | None = None
         self.masked = False
-        self.at = ""  # " at step k" while stepping
-
-    def fail(self, key: str, line: str) -> None:
-        self.violations.setdefault(key, line)
 
     def agent(self, group: str, index: int) -> str:
         agents = self.groups[group].agents
@@ -279,17 +269,6 @@ class _Checker:
                         "all true, their actions are ignored).",
                     )
         return ok
-
-    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - the user's env may raise anything
-            self.fail(
-                f"raised:{what.split('(')[0]}",
-                f"{what} raised {_describe(error)}. Expected it to return normally. Fix the env "
-                f"(call env.{what.split('(')[0]}(...) directly to see the full traceback).",
-            )
-            raise _Abort from None
 
     # -- actions -----------------------------------------------------------------------------------
     def make_sampler(self) -> Any:
