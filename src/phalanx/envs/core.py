@@ -156,7 +156,55 @@ class EpisodeStatistics:
         self.lengths.copy_(state["lengths"])
 
 
-class BatchedVecEnv(VecEnv):
+class BatchedBookkeeping:
+    """What the base class of a batched simulator keeps besides the physics, single- or multi-agent
+    (:class:`BatchedVecEnv`, ``phalanx.marl.core.BatchedMultiAgentEnv``): the time limit, the seeded
+    generator, the step counters and episode statistics, and the checkpoint of ``state_names``."""
+
+    state_names: tuple[str, ...] = ()
+    num_envs: int
+    device: torch.device
+
+    def _start_bookkeeping(self, max_episode_steps: int | None, per_row: tuple[int, ...] = ()) -> None:
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise ConfigError(
+                f"{type(self).__name__}: max_episode_steps must be >= 1 or None, got {max_episode_steps}."
+            )
+        self.max_episode_steps = max_episode_steps
+        self.generator = torch.Generator(device=self.device)
+        self.generator.seed()
+        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device, per_row)
+        self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+
+    def _restart_counters(self) -> None:
+        """Every row starts an episode (``reset``)."""
+        self.elapsed_steps.zero_()
+        self.episode_statistics.reset()
+
+    def _time_limit(self, terminated: Tensor) -> Tensor:
+        """Count one step of every row; ``truncated``: the rows whose step count reached the limit."""
+        self.elapsed_steps += 1
+        if self.max_episode_steps is None:
+            return torch.zeros_like(terminated)
+        return self.elapsed_steps >= self.max_episode_steps
+
+    def _bookkeeping_state(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).clone() for name in self.state_names}
+        state["elapsed_steps"] = self.elapsed_steps.clone()
+        state["episode_statistics"] = self.episode_statistics.state_dict()
+        state["generator"] = self.generator.get_state()
+        return state
+
+    def _load_bookkeeping_state(self, state: dict[str, Any]) -> None:
+        for name in self.state_names:
+            getattr(self, name).copy_(state[name])
+        self.elapsed_steps.copy_(state["elapsed_steps"])
+        self.episode_statistics.load_state_dict(state["episode_statistics"])
+        self.generator.set_state(state["generator"])
+
+
+class BatchedVecEnv(BatchedBookkeeping, VecEnv):
     """A simulator written as batched tensor operations; subclasses write only the physics.
 
     Implement three methods, each acting on all ``num_envs`` rows at once:
@@ -191,24 +239,15 @@ class BatchedVecEnv(VecEnv):
         max_episode_steps: int | None = None,
     ) -> None:
         super().__init__(num_envs, single_observation_space, single_action_space, device)
-        if max_episode_steps is not None and max_episode_steps < 1:
-            raise ConfigError(
-                f"{type(self).__name__}: max_episode_steps must be >= 1 or None, got {max_episode_steps}."
-            )
-        self.max_episode_steps = max_episode_steps
-        self.generator = torch.Generator(device=self.device)
-        self.generator.seed()
+        self._start_bookkeeping(max_episode_steps)
         self.block_generators: list[torch.Generator] | None = None
         """One generator per block of rows after ``reset(seed=[...])``; None: ``generator`` for all."""
-        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
-        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
         if isinstance(single_action_space, gym.spaces.Discrete):
             self._action_shape: tuple[int, ...] = (self.num_envs,)
             self._action_dtype = torch.int64
         else:
             self._action_shape = (self.num_envs, *single_action_space.shape)
             self._action_dtype = torch.float32
-        self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
 
     # -- to implement ----------------------------------------------------------------------------
     def _reset_rows(self, mask: Tensor) -> None:
@@ -230,18 +269,13 @@ class BatchedVecEnv(VecEnv):
             self.generator.manual_seed(int(seed))
             self.block_generators = None
         self._reset_rows(self._all_rows)
-        self.elapsed_steps.zero_()
-        self.episode_statistics.reset()
+        self._restart_counters()
         return self._observe(), {}
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         actions = self._as_actions(actions)
         reward, terminated = self._advance(actions)
-        self.elapsed_steps += 1
-        if self.max_episode_steps is None:
-            truncated = torch.zeros_like(terminated)
-        else:
-            truncated = self.elapsed_steps >= self.max_episode_steps
+        truncated = self._time_limit(terminated)
         done = terminated | truncated
         final_obs = self._observe()  # (N, *obs_shape), the true next observation of every row
         episode_return, episode_length = self.episode_statistics.step(reward, done)
@@ -288,20 +322,13 @@ class BatchedVecEnv(VecEnv):
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state = {name: getattr(self, name).clone() for name in self.state_names}
-        state["elapsed_steps"] = self.elapsed_steps.clone()
-        state["episode_statistics"] = self.episode_statistics.state_dict()
-        state["generator"] = self.generator.get_state()
+        state = self._bookkeeping_state()
         if self.block_generators is not None:
             state["block_generators"] = [generator.get_state() for generator in self.block_generators]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self.state_names:
-            getattr(self, name).copy_(state[name])
-        self.elapsed_steps.copy_(state["elapsed_steps"])
-        self.episode_statistics.load_state_dict(state["episode_statistics"])
-        self.generator.set_state(state["generator"])
+        self._load_bookkeeping_state(state)
         self.block_generators = None
         if state.get("block_generators") is not None:
             self.block_generators = []

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.core import EpisodeStatistics, as_device
+from phalanx.envs.core import BatchedBookkeeping, as_device
 from phalanx.errors import ConfigError, EnvError
 
 Tensor = torch.Tensor
@@ -176,7 +176,7 @@ def check_actions(env: MultiAgentVecEnv, actions: Any) -> Groups:
     return checked
 
 
-class BatchedMultiAgentEnv(MultiAgentVecEnv):
+class BatchedMultiAgentEnv(BatchedBookkeeping, MultiAgentVecEnv):
     """A multi-agent simulator written as batched tensor operations; subclasses write the physics.
 
     Implement, each acting on all ``num_envs`` rows at once:
@@ -193,8 +193,6 @@ class BatchedMultiAgentEnv(MultiAgentVecEnv):
     episode statistics per agent, and checkpoints of the attributes named in ``state_names``.
     """
 
-    state_names: tuple[str, ...] = ()
-
     def __init__(
         self,
         num_envs: int,
@@ -204,16 +202,7 @@ class BatchedMultiAgentEnv(MultiAgentVecEnv):
         max_episode_steps: int | None = None,
     ) -> None:
         super().__init__(num_envs, groups, state_space, device)
-        if max_episode_steps is not None and max_episode_steps < 1:
-            raise ConfigError(
-                f"{type(self).__name__}: max_episode_steps must be >= 1 or None, got {max_episode_steps}."
-            )
-        self.max_episode_steps = max_episode_steps
-        self.generator = torch.Generator(device=self.device)
-        self.generator.seed()
-        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
-        self.episode_statistics = EpisodeStatistics(self.num_envs, self.device, (self.num_agents,))
-        self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._start_bookkeeping(max_episode_steps, per_row=(self.num_agents,))
 
     # -- to implement ----------------------------------------------------------------------------
     def _reset_rows(self, mask: Tensor) -> None:
@@ -236,8 +225,7 @@ class BatchedMultiAgentEnv(MultiAgentVecEnv):
         if seed is not None:
             self.generator.manual_seed(int(seed))
         self._reset_rows(self._all_rows)
-        self.elapsed_steps.zero_()
-        self.episode_statistics.reset()
+        self._restart_counters()
         obs = self._observe()
         info: dict[str, Any] = {"state": self._global_state(obs)}
         if self.has_action_mask:
@@ -246,11 +234,7 @@ class BatchedMultiAgentEnv(MultiAgentVecEnv):
 
     def step(self, actions: Groups) -> tuple[Groups, Groups, Tensor, Tensor, dict[str, Any]]:
         rewards, terminated = self._advance(check_actions(self, actions))
-        self.elapsed_steps += 1
-        if self.max_episode_steps is None:
-            truncated = torch.zeros_like(terminated)
-        else:
-            truncated = self.elapsed_steps >= self.max_episode_steps
+        truncated = self._time_limit(terminated)
         done = terminated | truncated
         final_obs = self._observe()
         final_state = self._global_state(final_obs)
@@ -289,15 +273,7 @@ class BatchedMultiAgentEnv(MultiAgentVecEnv):
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state = {name: getattr(self, name).clone() for name in self.state_names}
-        state["elapsed_steps"] = self.elapsed_steps.clone()
-        state["episode_statistics"] = self.episode_statistics.state_dict()
-        state["generator"] = self.generator.get_state()
-        return state
+        return self._bookkeeping_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self.state_names:
-            getattr(self, name).copy_(state[name])
-        self.elapsed_steps.copy_(state["elapsed_steps"])
-        self.episode_statistics.load_state_dict(state["episode_statistics"])
-        self.generator.set_state(state["generator"])
+        self._load_bookkeeping_state(state)
