@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import phalanx
+from phalanx.buffers import ReplayBuffer
 from phalanx.errors import ConfigError, EnvError
 from phalanx.marl.base import MultiAgentSpec, to_env_actions, with_agent_ids
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
@@ -194,6 +195,50 @@ def test_multi_agent_replay_buffer_samples_stored_transitions():
     assert batch.obs["agent"][:, 0, 0].min() >= 2  # the two oldest steps were overwritten
     assert torch.equal(batch.rewards["agent"][:, 0], batch.obs["agent"][:, 0, 0])
     assert sorted({round(value, 6) for value in batch.discounts.tolist()}) == [0.0, 0.9]
+
+
+def test_multi_agent_n_step_returns_are_the_single_agent_ones_per_agent():
+    """The same rewards, episode ends and random draws give each agent the single-agent buffer's n-step
+    return (times its reward scale), discount and bootstrap step."""
+    spec = MultiAgentSpec.of(SimpleSpread(num_envs=1))
+    replay = MultiAgentReplayBuffer(40, 4, spec, "cpu")
+    single = ReplayBuffer(40, 4, (1,), (), torch.long, "cpu")
+    generator = torch.Generator().manual_seed(3)
+    for step in range(13):  # wraps around its 10 slots
+        reward = torch.randn(4, generator=generator)
+        terminated = torch.rand(4, generator=generator) < 0.15
+        truncated = ~terminated & (torch.rand(4, generator=generator) < 0.15)
+        next_obs = torch.full((4,), step + 1.0) + 100 * torch.arange(4)
+        replay.add(
+            obs={"agent": torch.zeros(4, 3, 18)},
+            state=torch.zeros(4, 54),
+            actions={"agent": torch.zeros(4, 3, dtype=torch.long)},
+            rewards={"agent": reward[:, None] * torch.tensor([1.0, 2.0, 3.0])},
+            next_obs={"agent": next_obs[:, None, None].expand(4, 3, 18)},
+            next_state=next_obs[:, None].expand(4, 54),
+            terminated=terminated,
+            truncated=truncated,
+        )
+        single.add(
+            torch.zeros(4, 1),
+            torch.zeros(4, dtype=torch.long),
+            reward,
+            next_obs[:, None],
+            terminated,
+            truncated,
+        )
+    for n_step in (1, 3):
+        torch.manual_seed(0)
+        expected = single.sample(512, gamma=0.9, n_step=n_step)
+        torch.manual_seed(0)
+        batch = replay.sample(512, gamma=0.9, n_step=n_step)
+        for agent in range(3):
+            torch.testing.assert_close(batch.rewards["agent"][:, agent], (agent + 1) * expected.rewards)
+        torch.testing.assert_close(batch.discounts, expected.discounts)
+        torch.testing.assert_close(batch.next_state[:, 0], expected.next_obs[:, 0])
+        torch.testing.assert_close(batch.next_obs["agent"][:, 2, 0], expected.next_obs[:, 0])
+    discounts = {round(value, 6) for value in batch.discounts.tolist()}
+    assert {0.0, 0.729} <= discounts and discounts & {0.9, 0.81}  # full windows, and windows cut short
 
 
 # -- bad input --------------------------------------------------------------------------------------

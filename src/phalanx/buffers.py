@@ -227,6 +227,68 @@ class ReplayBatch:
     discounts: Tensor  # (B,)
 
 
+@dataclass
+class NStepWindow:
+    """Where a batch of n-step transitions lies in a time-major ring ``(slots, N, ...)``, and its discounts.
+
+    The single- and multi-agent replay buffers both sample through it: transition i starts at slot
+    ``start[i]`` of sub-env ``env[i]`` and runs ``n_step`` slots or up to its episode's end, whichever
+    comes first; ``last[i]`` is the slot of its last step (whose ``next_obs`` it bootstraps from).
+    """
+
+    start: Tensor  # (B,) first slot
+    env: Tensor  # (B,) sub-env
+    last: Tensor  # (B,) last slot taken
+    steps: Tensor  # (B, n) the n slots from start on
+    weights: Tensor  # (B, n) gamma**j for the steps taken, 0 after an episode end
+    discounts: Tensor  # (B,) gamma**k of the bootstrap after k steps, 0 where the episode terminated
+
+    @classmethod
+    def sample(
+        cls,
+        ring: Any,
+        batch_size: int,
+        gamma: float,
+        n_step: int,
+        terminated: Tensor,
+        truncated: Tensor,
+        owner: str,
+    ) -> NStepWindow:
+        """Uniform windows in ``ring`` (with ``slots``, ``filled``, ``position``, ``num_envs``, ``device``):
+        a start slot is drawn only if its ``n_step`` slots are all written and in order."""
+        valid = ring.filled - n_step + 1
+        if valid < 1:
+            raise ValueError(f"{owner}.sample: {len(ring)} transitions stored, need {n_step} steps.")
+        device = ring.device
+        oldest = (ring.position - ring.filled) % ring.slots
+        start = (oldest + torch.randint(valid, (batch_size,), device=device)) % ring.slots  # (B,)
+        env = torch.randint(ring.num_envs, (batch_size,), device=device)
+        if n_step == 1:  # the common case, without the window's gathers
+            discounts = gamma * (~terminated[start, env]).float()
+            ones = torch.ones(batch_size, 1, device=device)
+            return cls(start, env, start, start.unsqueeze(1), ones, discounts)
+        steps = (start.unsqueeze(1) + torch.arange(n_step, device=device)) % ring.slots  # (B, n)
+        envs = env.unsqueeze(1).expand(-1, n_step)
+        ended = terminated[steps, envs] | truncated[steps, envs]  # (B, n)
+        # alive[:, j]: no episode end before step j, so step j's reward belongs to this return
+        alive = torch.cumprod(
+            torch.cat([torch.ones_like(ended[:, :1]), ~ended[:, :-1]], dim=1).float(), dim=1
+        )
+        powers = gamma ** torch.arange(n_step, device=device, dtype=torch.float32)  # (n,)
+        taken = alive.sum(dim=1).long()  # (B,) steps in the window, >= 1
+        last = steps.gather(1, (taken - 1).unsqueeze(1)).squeeze(1)
+        discounts = gamma ** taken.float() * (~terminated[last, env]).float()
+        return cls(start, env, last, steps, alive * powers, discounts)
+
+    def returns(self, rewards: Tensor) -> Tensor:
+        """The discounted n-step reward sums ``(B, ...)`` of per-slot rewards ``(slots, N, ...)``."""
+        if self.steps.shape[1] == 1:
+            return rewards[self.start, self.env]
+        window = rewards[self.steps, self.env.unsqueeze(1)]  # (B, n, ...)
+        weights = self.weights.view(*self.weights.shape, *([1] * (window.dim() - 2)))
+        return (window * weights).sum(dim=1)
+
+
 class ReplayBuffer:
     """A ring of past transitions on the training device, fed one VecEnv step (N rows) at a time.
 
@@ -307,33 +369,16 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
         """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end)."""
-        valid = self.filled - n_step + 1  # start slots whose n steps are all written and in order
-        if valid < 1:
-            raise ValueError(f"ReplayBuffer.sample: {len(self)} transitions stored, need {n_step} steps.")
-        oldest = (self.position - self.filled) % self.slots
-        offset = torch.randint(valid, (batch_size,), device=self.device)
-        env = torch.randint(self.num_envs, (batch_size,), device=self.device)
-        start = (oldest + offset) % self.slots  # (B,)
-        obs = self.obs[start, env]
-        actions = self.actions[start, env]
-        if n_step == 1:
-            rewards = self.rewards[start, env]
-            discounts = gamma * (~self.terminated[start, env]).float()
-            return ReplayBatch(obs, actions, rewards, self.next_obs[start, env], discounts)
-        steps = (start.unsqueeze(1) + torch.arange(n_step, device=self.device)) % self.slots  # (B, n)
-        envs = env.unsqueeze(1).expand(-1, n_step)
-        rewards_n = self.rewards[steps, envs]  # (B, n)
-        ended = self.terminated[steps, envs] | self.truncated[steps, envs]  # (B, n)
-        # alive[:, j]: no episode end before step j, so step j's reward belongs to this return
-        alive = torch.cumprod(
-            torch.cat([torch.ones_like(ended[:, :1]), ~ended[:, :-1]], dim=1).float(), dim=1
+        window = NStepWindow.sample(
+            self, batch_size, gamma, n_step, self.terminated, self.truncated, "ReplayBuffer"
         )
-        powers = gamma ** torch.arange(n_step, device=self.device, dtype=torch.float32)  # (n,)
-        rewards = (rewards_n * alive * powers).sum(dim=1)  # (B,)
-        last = (alive.sum(dim=1).long() - 1).unsqueeze(1)  # (B, 1) index of the last step taken
-        last_step = steps.gather(1, last).squeeze(1)
-        discounts = gamma ** (last.squeeze(1) + 1).float() * (~self.terminated[last_step, env]).float()
-        return ReplayBatch(obs, actions, rewards, self.next_obs[last_step, env], discounts)
+        return ReplayBatch(
+            self.obs[window.start, window.env],
+            self.actions[window.start, window.env],
+            window.returns(self.rewards),
+            self.next_obs[window.last, window.env],
+            window.discounts,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name).clone() for name in self.FIELDS}

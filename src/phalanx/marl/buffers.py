@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from phalanx.buffers import available_memory
+from phalanx.buffers import NStepWindow, available_memory
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.marl.base import MultiAgentSpec
 from phalanx.marl.core import Groups
@@ -166,8 +166,9 @@ class MultiAgentRollout(_Storage):
 class MultiAgentBatch:
     """A sampled batch of multi-agent transitions; per-agent fields are dicts per group.
 
-    The TD target of agent a is ``rewards[g][:, a] + discounts * V(next)``: ``discounts`` is ``gamma``,
-    and 0 where the episode terminated (a time limit bootstraps).
+    The TD target of agent a is ``rewards[g][:, a] + discounts * V(next)``: ``rewards`` are the agent's
+    discounted n-step sums, ``discounts`` is ``gamma**k`` for a k-step window, and 0 where the episode
+    terminated (a time limit bootstraps); the ``next_*`` fields are those of the window's last step.
     """
 
     obs: Groups  # (B, A_g, obs_dim_g)
@@ -194,6 +195,7 @@ class MultiAgentReplayBuffer(_Storage):
         "next_obs",
         "next_state",
         "terminated",
+        "truncated",
         "next_action_mask",
     )
 
@@ -228,29 +230,34 @@ class MultiAgentReplayBuffer(_Storage):
         self.filled = min(self.filled + 1, self.slots)
 
     def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> MultiAgentBatch:
-        if n_step != 1:
-            raise ConfigError(f"multi-agent replay supports n_step = 1 only, got {n_step}.")
-        if self.filled < 1:
-            raise ValueError("MultiAgentReplayBuffer.sample: the buffer is empty.")
-        oldest = (self.position - self.filled) % self.slots
-        slot = (oldest + torch.randint(self.filled, (batch_size,), device=self.device)) % self.slots
-        env = torch.randint(self.num_envs, (batch_size,), device=self.device)
+        """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end), each
+        agent's rewards summed over the window as in :class:`~phalanx.buffers.ReplayBuffer`."""
+        window = NStepWindow.sample(
+            self,
+            batch_size,
+            gamma,
+            n_step,
+            self.field("terminated"),
+            self.field("truncated"),
+            "MultiAgentReplayBuffer",
+        )
 
-        def take(field: str) -> Any:
+        def take(field: str, slot: Tensor) -> Any:
             value = self.field(field)
             if isinstance(value, dict):
-                return {name: tensor[slot, env] for name, tensor in value.items()}
-            return None if value is None else value[slot, env]
+                return {name: tensor[slot, window.env] for name, tensor in value.items()}
+            return None if value is None else value[slot, window.env]
 
+        rewards = self.field("rewards")
         return MultiAgentBatch(
-            obs=take("obs"),
-            state=take("state"),
-            actions=take("actions"),
-            rewards=take("rewards"),
-            next_obs=take("next_obs"),
-            next_state=take("next_state"),
-            discounts=gamma * (~take("terminated")).float(),
-            next_action_mask=take("next_action_mask"),
+            obs=take("obs", window.start),
+            state=take("state", window.start),
+            actions=take("actions", window.start),
+            rewards={name: window.returns(tensor) for name, tensor in rewards.items()},
+            next_obs=take("next_obs", window.last),
+            next_state=take("next_state", window.last),
+            discounts=window.discounts,
+            next_action_mask=take("next_action_mask", window.last),
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from phalanx.algos import register_algorithm
 from phalanx.algos.base import PolyakPair, make_adam
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
-from phalanx.config import TrainConfig, check
 from phalanx.marl.base import (
     MultiAgentAlgorithm,
     MultiAgentSpec,
@@ -67,15 +66,6 @@ class MADDPGConfig(DDPGConfig):
     share_parameters: bool = True
     """Agents of a group share one actor and one critic ensemble, with a one-hot agent id appended to
     their inputs (False: every agent has its own, as members of one batched network)."""
-
-    def validate(self, run: TrainConfig) -> None:
-        super().validate(run)
-        check(
-            self.n_step == 1,
-            "n_step",
-            self.n_step,
-            "1: multi-agent replay stores one-step transitions (n-step returns are not supported)",
-        )
 
 
 @dataclass

@@ -86,12 +86,6 @@ class ValueDecompositionConfig(DQNConfig):
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
-        check(
-            self.n_step == 1,
-            "n_step",
-            self.n_step,
-            "1: multi-agent replay stores single steps (no n-step returns)",
-        )
         check(self.team_reward in TEAM_REWARDS, "team_reward", self.team_reward, f"one of {TEAM_REWARDS}")
 
 

@@ -121,7 +121,7 @@ class MultiAgentWorker:
             actions = algorithm.random_actions(self.env.num_envs, action_mask)
         else:
             actions = algorithm.explore(obs, state, action_mask, steps)
-        rewards, terminated, _, _, info = self._step(actions)
+        rewards, terminated, truncated, _, info = self._step(actions)
         return {
             "obs": obs,
             "state": state,
@@ -130,6 +130,7 @@ class MultiAgentWorker:
             "next_obs": info["final_obs"],
             "next_state": info["final_state"],
             "terminated": terminated,
+            "truncated": truncated,
             "next_action_mask": info.get("final_action_mask"),
         }
 
