@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run(args.num_envs, args.gym_envs, args.device, args.seconds, args.warmup, threads)
     print(table(result))
     if args.json is not None:
-        path = write_json(result, args.json or None, "env_throughput")
+        path = write_json(result, args.json, "env_throughput")
         print(f"\nwrote {path}")
     return result
 

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(table(result))
     if args.json is not None:
-        path = write_json(result, args.json or None, "envpool_adapter")
+        path = write_json(result, args.json, "envpool_adapter")
         print(f"\nwrote {path}")
     return result
 

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run(cases, args.device, args.warmup, args.seconds)
     print(table(result))
     if args.json is not None:
-        path = write_json(result, args.json or None, "jax_adapter")
+        path = write_json(result, args.json, "jax_adapter")
         print(f"\nwrote {path}")
     return result
 

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run(args.num_envs, args.mpe_envs, args.device, args.seconds, args.warmup, workers)
     print(table(result))
     if args.json is not None:
-        path = write_json(result, args.json or None, "marl_throughput")
+        path = write_json(result, args.json, "marl_throughput")
         print(f"\nwrote {path}")
     return result
 

@@ -174,7 +174,7 @@ def main() -> int:
     if args.json is not None:
         path = write_json(
             {"machine": machine_info(), "args": vars(args), "runs": runs, "summary": summary},
-            args.json or None,
+            args.json,
             "population_ray",
         )
         print(f"written: {path}")

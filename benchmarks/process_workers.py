@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["settings"]["quick"] = quick
     print("\n" + tables(result))
     if args.json is not None:
-        path = write_json(result, args.json or None, "process_workers")
+        path = write_json(result, args.json, "process_workers")
         print(f"\nwrote {path}")
     return result
 
