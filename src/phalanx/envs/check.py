@@ -109,6 +109,21 @@ class CheckerBase:
             )
             raise _Abort from None
 
+    def raise_violations(self, contract: str, module: str) -> None:
+        """Raise one :class:`ContractError` listing every violation found (``violations``: one line each,
+        ``warnings`` too); nothing if there is none."""
+        if not self.violations:
+            return
+        lines = list(self.violations.values())
+        count = f"{len(lines)} problem{'s' if len(lines) > 1 else ''}"
+        error = ContractError(
+            f"{self.name} breaks the {contract} ({count}; see {module} for the contract):\n"
+            + "\n".join(f"- {line}" for line in lines)
+        )
+        error.violations = lines  # type: ignore[attr-defined]
+        error.warnings = list(self.warnings)  # type: ignore[attr-defined]
+        raise error
+
 
 class _Checker(CheckerBase):
     def __init__(self, env: Any, num_steps: int, seed: int) -> None:
@@ -481,16 +496,7 @@ def check_vec_env(env: Any, num_steps: int = 1000, seed: int = 0) -> CheckReport
         checker.check_determinism()
     except _Abort:
         pass
-    if checker.violations:
-        lines = list(checker.violations.values())
-        count = f"{len(lines)} problem{'s' if len(lines) > 1 else ''}"
-        error = ContractError(
-            f"{checker.name} breaks the VecEnv contract ({count}; "
-            "see phalanx.envs.core for the contract):\n" + "\n".join(f"- {line}" for line in lines)
-        )
-        error.violations = lines  # type: ignore[attr-defined]
-        error.warnings = list(checker.warnings)  # type: ignore[attr-defined]
-        raise error
+    checker.raise_violations("VecEnv contract", "phalanx.envs.core")
     return CheckReport(
         env=checker.name,
         num_steps=steps,

@@ -20,7 +20,6 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from phalanx.envs.check import CheckerBase, _Abort, _equal, _fmt, _same_device
-from phalanx.errors import ContractError
 from phalanx.marl.core import AgentGroup, MultiAgentVecEnv
 
 __all__ = ["MultiAgentCheckReport", "check_multi_agent_env"]
@@ -573,16 +572,7 @@ def check_multi_agent_env(env: Any, steps: int = 200, seed: int = 0) -> MultiAge
         checker.check_determinism()
     except _Abort:
         pass
-    if checker.violations:
-        lines = list(checker.violations.values())
-        count = f"{len(lines)} problem{'s' if len(lines) > 1 else ''}"
-        error = ContractError(
-            f"{checker.name} breaks the multi-agent VecEnv contract ({count}; see phalanx.marl.core for the "
-            "contract):\n" + "\n".join(f"- {line}" for line in lines)
-        )
-        error.violations = lines  # type: ignore[attr-defined]
-        error.warnings = list(checker.warnings)  # type: ignore[attr-defined]
-        raise error
+    checker.raise_violations("multi-agent VecEnv contract", "phalanx.marl.core")
     return MultiAgentCheckReport(
         env=checker.name,
         num_steps=num_steps,

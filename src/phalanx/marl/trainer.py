@@ -162,25 +162,13 @@ class MultiAgentEvaluator(Evaluator):
     @torch.no_grad()
     def evaluate(self, algorithm: MultiAgentAlgorithm) -> MultiAgentEvaluation:
         env = self.env
-        obs, info = env.reset(seed=self.seed)
-        finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
-        returns = torch.zeros(env.num_envs, env.num_agents, device=env.device)  # (N, all agents)
-        lengths = torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
-        for step in range(1, self.max_steps + 1):
-            actions = algorithm.act(obs, info.get("action_mask"), deterministic=True)
-            obs, _, terminated, truncated, info = env.step(to_env_actions(actions, env.groups))
-            first_end = (terminated | truncated) & ~finished
-            episode_return = torch.cat([info["episode_return"][name] for name in env.groups], dim=1)
-            returns = torch.where(first_end.unsqueeze(1), episode_return, returns)
-            lengths = torch.where(first_end, info["episode_length"], lengths)
-            finished |= first_end
-            if step % self.check_every == 0 and bool(finished.all()):
-                break
-        if not bool(finished.all()):
-            raise RuntimeError(
-                f"evaluation: {int((~finished).sum())} of {env.num_envs} episodes of {env!r} did not end "
-                f"within {self.max_steps} steps. Give the env a time limit."
-            )
+        returns, lengths = self.first_episodes(
+            lambda obs, info: to_env_actions(
+                algorithm.act(obs, info.get("action_mask"), deterministic=True), env.groups
+            ),
+            lambda info: torch.cat([info["episode_return"][name] for name in env.groups], dim=1),
+            torch.zeros(env.num_envs, env.num_agents, device=env.device),  # (N, all agents)
+        )
         sizes = [group.num_agents for group in env.groups.values()]
         teams = team_returns(dict(zip(env.groups, returns.split(sizes, dim=1), strict=True)))
         agent_means = returns.mean(dim=0).tolist()
