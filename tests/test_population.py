@@ -179,7 +179,9 @@ def test_adopt_takes_the_donors_agent_and_the_new_hyperparameters(tmp_path):
             torch.testing.assert_close(mine, theirs)
         optimizer = member.algorithm.optimizer
         assert [group["lr"] for group in optimizer.param_groups] == [1.234e-3]
-        moments = [optimizer.state[p]["exp_avg"] for p in member.algorithm.parameters]
+        moments = optimizer.state[optimizer.flat.parameter]["exp_avg"].split(
+            [p.numel() for p in member.algorithm.parameters]
+        )  # one flat Adam state, a segment per parameter
         assert all(m.abs().sum() > 0 for m in moments)  # the donor's Adam state came along
         assert member.buffer.horizon == 16 and member.config.hyperparameters.entropy_coef == 0.02
         assert member.worker.algorithm is member.algorithm is member.learner.algorithm

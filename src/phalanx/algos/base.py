@@ -23,6 +23,7 @@ from torch import nn
 
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.errors import ConfigError
+from phalanx.optim import clip_grad_norm, gradients
 
 
 class GradientGroup(Protocol):
@@ -80,11 +81,11 @@ class Algorithm:
         """Step ``optimizer`` on the gradients its parameters hold: first averaged over the learners of a
         data-parallel group (if any), then clipped to ``max_grad_norm`` (if given), as one learner with
         the learners' batches together would clip them."""
-        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = gradients(optimizer)
         if self.group is not None:
-            self.group.average([p.grad for p in parameters])
+            self.group.average(grads)
         if max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+            clip_grad_norm(grads, max_grad_norm)
         optimizer.step()
 
     def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]:
@@ -155,16 +156,6 @@ class OffPolicyConfig(AlgoConfig):
 
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
-    """Adam with the fused kernel where this torch has it for the device (CPU: torch >= 2.4), else the
-    default implementation. Same update rule; on CPU the fused step is ~3x faster for small networks,
-    which matters when an update is a few small matmuls."""
-    try:
-        return torch.optim.Adam(parameters, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(parameters, **kwargs)
 
 
 class PolyakPair:

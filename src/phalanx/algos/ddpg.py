@@ -23,10 +23,11 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair, make_adam
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
+from phalanx.optim import make_adam
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
 

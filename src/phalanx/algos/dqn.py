@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair, make_adam
+from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim
+from phalanx.optim import make_adam
 
 
 @dataclass

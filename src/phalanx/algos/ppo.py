@@ -20,10 +20,11 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from phalanx.algos.base import Algorithm, make_adam
+from phalanx.algos.base import Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, obs_dim
+from phalanx.optim import FlatRMSprop, make_adam
 
 
 @dataclass
@@ -321,7 +322,7 @@ class A2C(PPO):
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
-        return torch.optim.RMSprop(
+        return FlatRMSprop(
             self.parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
         )
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import make_adam
 from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
 from phalanx.config import TrainConfig, check
 from phalanx.nets import mlp
+from phalanx.optim import make_adam
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 

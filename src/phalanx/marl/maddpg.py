@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from phalanx.algos import register_algorithm
-from phalanx.algos.base import PolyakPair, make_adam
+from phalanx.algos.base import PolyakPair
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
 from phalanx.marl.base import (
@@ -43,6 +43,7 @@ from phalanx.marl.base import (
 from phalanx.marl.buffers import MultiAgentBatch
 from phalanx.marl.core import Groups
 from phalanx.nets import EnsembleMLP
+from phalanx.optim import make_adam
 
 Tensor = torch.Tensor
 

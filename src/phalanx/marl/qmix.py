@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algos import register_algorithm
-from phalanx.algos.base import PolyakPair, make_adam
+from phalanx.algos.base import PolyakPair
 from phalanx.algos.dqn import DQN, DQNConfig, QNetwork
 from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
@@ -45,6 +45,7 @@ from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, agent_id_dim,
 from phalanx.marl.buffers import MultiAgentBatch
 from phalanx.marl.core import Groups
 from phalanx.nets import EnsembleMLP, mlp
+from phalanx.optim import make_adam
 
 Tensor = torch.Tensor
 

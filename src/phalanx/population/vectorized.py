@@ -845,22 +845,20 @@ class VectorizedPPO:
         state = algorithm.optimizer.state_dict()
         state["param_groups"][0]["lr"] = config.hyperparameters.learning_rate * self.lr_factor
         steps = float(self.optimizer.steps[member])
-        if steps > 0:
-            moments = zip(
-                self._single_tensors(self.optimizer.exp_avg[member]),
-                self._single_tensors(self.optimizer.exp_avg_sq[member]),
-                strict=True,
-            )
+        if steps > 0:  # the single PPO's Adam steps one flat buffer of its parameters, in their order
             state["state"] = {
-                index: {
+                0: {
                     "step": torch.tensor(steps),
-                    "exp_avg": exp_avg.clone(),
-                    "exp_avg_sq": exp_avg_sq.clone(),
+                    "exp_avg": self._flat_single(self.optimizer.exp_avg[member]),
+                    "exp_avg_sq": self._flat_single(self.optimizer.exp_avg_sq[member]),
                 }
-                for index, (exp_avg, exp_avg_sq) in enumerate(moments)
             }
         algorithm.optimizer.load_state_dict(state)
         return algorithm
+
+    def _flat_single(self, row: Tensor) -> Tensor:
+        """A member's ``(D,)`` row laid out as a single PPO's flat parameter buffer."""
+        return torch.cat([tensor.reshape(-1) for tensor in self._single_tensors(row)])
 
     def _single_tensors(self, row: Tensor) -> list[Tensor]:
         """A member's ``(D,)`` row of the flat parameters (or of an Adam moment) as the tensors of a single
