@@ -383,3 +383,25 @@ def test_overlap_needs_worker_processes(tmp_path):
             ),
             show_progress=False,
         )
+
+
+def test_a_script_without_main_guard_is_told_the_fix(tmp_path):
+    """Worker processes (forkserver/spawn) import the script that started them: without a __main__
+    guard it builds the env again inside each worker, which dies at start. The error says why and how."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from phalanx.envs import make_env
+            env = make_env("gym:CartPole-v1", num_envs=2, num_workers=1)
+            env.close()
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode != 0
+    assert "died during start (exit code 1)" in result.stderr
+    assert 'under `if __name__ == "__main__":`' in result.stderr
+    assert "unguarded.py" in result.stderr.split("died during start")[-1]

@@ -10,11 +10,11 @@ place. The optimiser then steps one tensor, clipping takes one norm, zeroing is 
 data-parallel all-reduce is one call. The update rule is torch's, element for element.
 
 Rules that keep the views intact: build the optimiser after the modules are on their device (moving
-a module afterwards gives it new tensors the optimiser does not hold), and load weights with
-``load_state_dict`` (it copies in place); copy a trained model through its state dicts, as
-``copy.deepcopy`` of a module gives it new tensors that are no longer views. A gradient that something else replaced (``module.zero_grad()``
-sets them to None; backward then allocates new ones) is copied back into the buffer at the next
-step, so no gradient is lost.
+a module afterwards gives it new tensors the optimiser does not hold), load weights with
+``load_state_dict`` (it copies in place), and copy a trained model through its state dicts
+(``copy.deepcopy`` of a module gives it new tensors that are no longer views). A gradient that
+something else replaced (``module.zero_grad()`` sets them to None; backward then allocates new ones)
+is copied back into the buffer at the next step, so no gradient is lost.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import contextlib
 import os
 import select
 import struct
+import sys
 import time
 import warnings
 import weakref
@@ -537,6 +538,27 @@ def _default_start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
+def death_cause(process: Any, what: str, start_method: str) -> str:
+    """Why a worker process that sent nothing ended (its exit code or signal), for the error message.
+
+    A worker that exits with code 1 at start under spawn or forkserver is most often the caller's
+    script without a ``__main__`` guard: the new process imports that script, which builds the env
+    again and tries to start processes of its own. The cause then says how to fix it.
+    """
+    process.join(timeout=1.0)
+    code = process.exitcode
+    died = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    cause = f"the process died during {what} ({died})"
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if what == "start" and code == 1 and start_method != "fork" and main_file is not None:
+        cause += (
+            f". If the output above shows multiprocessing's RuntimeError about the 'bootstrapping phase', "
+            f"the new process imported {main_file!r}, which built this env again: put that script's "
+            'top-level code under `if __name__ == "__main__":`'
+        )
+    return cause
+
+
 def _shutdown(processes: list[Any], connections: list[Any]) -> None:
     """Close every worker: ask politely, then terminate, then kill. Safe to call twice."""
     connections = [conn for conn in connections if conn is not None]
@@ -767,13 +789,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
                     continue
                 waiting.discard(worker)
                 if message is None:
-                    self._processes[worker].join(timeout=1.0)
-                    code = self._processes[worker].exitcode
-                    cause = f"the process died during {what} " + (
-                        f"(killed by signal {-code})"
-                        if code is not None and code < 0
-                        else f"(exit code {code})"
-                    )
+                    cause = death_cause(self._processes[worker], what, self._ctx.get_start_method())
                     self._fault(worker, cause, restart)
                     continue
                 kind, where, summary, trace = cloudpickle.loads(message)

@@ -46,6 +46,7 @@ from phalanx.envs.workers import (
     _send_message,
     _shared_array,
     _shutdown,
+    death_cause,
 )
 from phalanx.errors import ConfigError, EnvError
 from phalanx.marl.core import AgentGroup, Groups, MultiAgentVecEnv, Tensor, check_actions
@@ -722,12 +723,8 @@ class PettingZooVecEnv(MultiAgentVecEnv):
                     waiting.discard(worker)
                     continue
                 if message is None:
-                    self._processes[worker].join(timeout=1.0)
-                    code = self._processes[worker].exitcode
-                    died = (
-                        f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    )
-                    raise self._fail(worker, f"the process died during {what} ({died})")
+                    cause = death_cause(self._processes[worker], what, self._ctx.get_start_method())
+                    raise self._fail(worker, cause)
                 kind, where, summary, trace = cloudpickle.loads(message)
                 at = "" if where is None else f" in copy {where}"
                 raise self._fail(worker, f"{summary} (raised{at} during {what})", trace)
