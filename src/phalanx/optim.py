@@ -98,8 +98,9 @@ class _FlatOptimizerMixin:
             per_parameter = [state_dict["state"].get(index, {}) for index in groups[0]["params"]]
             flat_state: dict[str, Any] = {}
             for key, value in per_parameter[0].items():  # the step count is shared; the rest per element
-                parts = [state[key].reshape(-1) for state in per_parameter]
-                flat_state[key] = value if key == "step" else torch.cat(parts)
+                if key != "step":
+                    value = torch.cat([state[key].reshape(-1) for state in per_parameter])
+                flat_state[key] = value
             state_dict = {
                 "state": {0: flat_state} if flat_state else {},
                 "param_groups": [{**groups[0], "params": [0]}],

@@ -403,6 +403,28 @@ def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[An
     return raw, np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
 
+def _shared_arrays(
+    ctx: Any, layout: dict[str, tuple[tuple[int, ...], str]]
+) -> tuple[dict[str, tuple[Any, tuple[int, ...], str]], dict[str, np.ndarray]]:
+    """One shared buffer per ``{name: (shape, dtype)}``: what the workers receive, and the views here."""
+    buffers, views = {}, {}
+    for name, (shape, dtype) in layout.items():
+        raw, views[name] = _shared_array(ctx, shape, np.dtype(dtype))
+        buffers[name] = (raw, shape, dtype)
+    return buffers, views
+
+
+def _start_process(
+    ctx: Any, target: Callable[..., None], args: tuple[Any, ...], name: str
+) -> tuple[Any, Any]:
+    """Start a daemon worker process that talks over a duplex pipe: ``(process, this end of the pipe)``."""
+    parent, child = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=target, args=(*args, child), name=name, daemon=True)
+    process.start()
+    child.close()
+    return process, parent
+
+
 def _worker_loop(
     payload: bytes,
     worker: int,
@@ -702,12 +724,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
             "terminated": ((n,), "bool"),
             "truncated": ((n,), "bool"),
         }
-        self._buffers: dict[str, tuple[Any, tuple[int, ...], str]] = {}
-        self._views: dict[str, np.ndarray] = {}
-        for key, (shape, dtype) in layout.items():
-            raw, view = _shared_array(self._ctx, shape, np.dtype(dtype))
-            self._buffers[key] = (raw, shape, dtype)
-            self._views[key] = view
+        self._buffers, self._views = _shared_arrays(self._ctx, layout)
         self._last_obs = np.zeros((n, *obs_shape), dtype=np.float32)
         self._fault_rows = np.zeros(n, dtype=bool)
         raw, self._progress = _shared_array(self._ctx, (2, self.num_workers), np.dtype("int8"))
@@ -741,15 +758,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
 
     def _start(self, worker: int) -> None:
         start, stop = self._rows(worker)
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=_worker_loop,
-            args=(self._payload, worker, start, stop, self._buffers, self._lock, child),
-            name=f"phalanx-worker-{worker}",
-            daemon=True,
+        process, parent = _start_process(
+            self._ctx,
+            _worker_loop,
+            (self._payload, worker, start, stop, self._buffers, self._lock),
+            f"phalanx-worker-{worker}",
         )
-        process.start()
-        child.close()
         self._processes[worker] = process
         self._connections[worker] = parent
         self._handles[worker] = parent.fileno(), process.sentinel

@@ -44,8 +44,9 @@ from phalanx.envs.workers import (
     _ready_workers,
     _recv_message,
     _send_message,
-    _shared_array,
+    _shared_arrays,
     _shutdown,
+    _start_process,
     death_cause,
 )
 from phalanx.errors import ConfigError, EnvError
@@ -650,12 +651,7 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["phalanx.marl.adapters"])
-        self._buffers: dict[str, tuple[Any, tuple[int, ...], str]] = {}
-        self._views = {}
-        for key, (shape, dtype) in layout_buffers.items():
-            raw, view = _shared_array(self._ctx, shape, np.dtype(dtype))
-            self._buffers[key] = (raw, shape, dtype)
-            self._views[key] = view
+        self._buffers, self._views = _shared_arrays(self._ctx, layout_buffers)
         self._payload = cloudpickle.dumps((env_factory, layout))
         self._per_worker = self.num_envs // self.num_workers
         self._processes = [None] * self.num_workers
@@ -675,15 +671,12 @@ class PettingZooVecEnv(MultiAgentVecEnv):
     # -- workers -----------------------------------------------------------------------------------
     def _start(self, worker: int) -> None:
         start, stop = worker * self._per_worker, (worker + 1) * self._per_worker
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=_pettingzoo_worker,
-            args=(self._payload, worker, start, stop, self._buffers, child),
-            name=f"phalanx-marl-worker-{worker}",
-            daemon=True,
+        process, parent = _start_process(
+            self._ctx,
+            _pettingzoo_worker,
+            (self._payload, worker, start, stop, self._buffers),
+            f"phalanx-marl-worker-{worker}",
         )
-        process.start()
-        child.close()
         self._processes[worker] = process
         self._connections[worker] = parent
         self._handles[worker] = parent.fileno(), process.sentinel
