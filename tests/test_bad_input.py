@@ -122,6 +122,32 @@ def test_eval_video_writes_a_gif(tmp_path, capsys):
     assert len(gifs) == 1 and gifs[0].stat().st_size > 1000
 
 
+def test_video_without_a_renderer_names_the_extra(tmp_path, monkeypatch):
+    """pygame missing: Gymnasium raises DependencyNotInstalled at the first render; the error names the
+    extra to install, and the run directory keeps what it had."""
+    import gymnasium as gym
+
+    from phalanx.agent import load_agent
+    from phalanx.errors import EnvError
+
+    run = tmp_path / "run"
+    args = ["--num-envs", "8", "--total-steps", "256", "--horizon", "16", "--minibatch-size", "64"]
+    assert main(["train", "ppo", "CartPole-v1", *args, "--run-dir", str(run)]) == 0
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+
+    class NoRenderer(gym.Wrapper):
+        def render(self):
+            raise gym.error.DependencyNotInstalled("pygame is not installed")
+
+    make = gym.make
+    monkeypatch.setattr(gym, "make", lambda *a, **k: NoRenderer(make(*a, **k)))
+    with pytest.raises(
+        EnvError, match=r"cannot render 'CartPole-v1': pygame is not installed.*phalanx\[render\]"
+    ):
+        load_agent(run).frames()
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 def test_training_twice_with_one_config_makes_two_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = phalanx.make_config(

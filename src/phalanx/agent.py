@@ -60,8 +60,10 @@ class Agent:
         """One deterministic episode drawn by Gymnasium's rgb_array rendering of the env (built-in envs
         share Gymnasium's ids and semantics): ``(name, frames)``."""
         env_id = self.config.env.removeprefix("gym:")
-        try:
+        try:  # a missing renderer shows at make (MuJoCo) or at the first render (pygame)
             env = gym.make(env_id, render_mode="rgb_array")
+            obs, _ = env.reset(seed=self.config.seed)
+            frames = [env.render()]
         except gym.error.DependencyNotInstalled as error:
             raise EnvError(
                 f"cannot render {env_id!r}: {error}. Install the rendering extra: "
@@ -69,14 +71,6 @@ class Agent:
             ) from None
         except gym.error.Error as error:
             raise EnvError(f"cannot render {env_id!r} with Gymnasium's rgb_array mode: {error}") from None
-        obs, _ = env.reset(seed=self.config.seed)
-        try:
-            frames = [env.render()]
-        except gym.error.DependencyNotInstalled as error:
-            raise EnvError(
-                f"cannot render {env_id!r}: {error}. Install the rendering extra: "
-                "pip install 'phalanx[render]'."
-            ) from None
         for _ in range(max_steps):
             obs, _, terminated, truncated, _ = env.step(self.act(obs))
             frames.append(env.render())
