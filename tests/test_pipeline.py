@@ -13,6 +13,7 @@ import torch
 
 import phalanx
 from phalanx.envs.classic import PendulumEnv
+from phalanx.envs.registry import unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.pipeline import PipelineError
 from phalanx.train.trainer import Trainer, TrainingInterrupted
@@ -120,11 +121,14 @@ class FailingPendulum(PendulumEnv):
 
 
 def test_a_failure_in_the_worker_thread_stops_the_run_and_names_its_origin(tmp_path):
-    phalanx.register_env("FailingPendulum-v0", FailingPendulum, overwrite=True)
-    with pytest.raises(PipelineError, match="worker thread failed") as error:
-        phalanx.train(
-            config(tmp_path, "broken", env="FailingPendulum-v0", pipeline=True), show_progress=False
-        )
+    phalanx.register_env("BrokenPendulum-v0", FailingPendulum)
+    try:
+        with pytest.raises(PipelineError, match="worker thread failed") as error:
+            phalanx.train(
+                config(tmp_path, "broken", env="BrokenPendulum-v0", pipeline=True), show_progress=False
+            )
+    finally:
+        unregister_env("BrokenPendulum-v0")
     assert "the simulator broke" in str(error.value) and "FailingPendulum" in str(error.value)
     summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
     assert "the simulator broke" in summary["error"]
@@ -186,6 +190,9 @@ def test_ctrl_c_mid_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypat
     )
     trainer = Trainer(run, show_progress=False)
     raise_in_update(monkeypatch, trainer, 10, KeyboardInterrupt())
+    sends = []
+    send = trainer.worker.send
+    monkeypatch.setattr(trainer.worker, "send", lambda *args, **kw: sends.append(1) or send(*args, **kw))
     try:
         with pytest.raises(TrainingInterrupted, match="phalanx resume"):
             trainer.train()
@@ -194,6 +201,8 @@ def test_ctrl_c_mid_pipeline_saves_a_checkpoint_that_resumes(tmp_path, monkeypat
     assert pipeline_threads() == []
     summary = json.loads((trainer.run_dir / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["total_steps"] > 320
+    if worker == "processes":  # the step received and the step in flight are both stored, not lost
+        assert summary["total_steps"] == len(sends) * run.num_envs == len(trainer.buffer)
     resumed = phalanx.resume(trainer.run_dir, show_progress=False).summary
     assert resumed["total_steps"] == run.total_steps and pipeline_threads() == []
 

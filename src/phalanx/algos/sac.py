@@ -74,6 +74,12 @@ class SquashedGaussianActor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
+    def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """An action (B, A) in (-1, 1), the one :meth:`sample` draws, without its log-probability (half
+        the ops: acting needs no log-probability, and acting is on the env's critical path)."""
+        mean, log_std = self(obs)
+        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,)."""
         mean, log_std = self(obs)
@@ -114,11 +120,11 @@ class SAC(EnsembleCriticAlgorithm):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        return self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
+        return self.actor.deterministic(obs) if deterministic else self.actor.sample_action(obs)
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
-        return self.actor.sample(obs)[0]
+        return self.actor.sample_action(obs)
 
     def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
         next_actions, next_log_probs = self.actor.sample(next_obs)

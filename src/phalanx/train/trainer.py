@@ -286,6 +286,7 @@ class Trainer:
         self.next_log = 0
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
         self.updates_due = 0  # off-policy: gradient steps owed to the steps stored, not made yet
+        self.received: Transition | None = None  # process pipeline: the last step made, stored next
         self.progress = 0.0  # the fraction of the budget spent when the last step was stored
 
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
@@ -466,8 +467,8 @@ class Trainer:
         In a group every learner drains to the same env step (the furthest any worker got), so that
         they all make the same updates; every learner must call it at the same point of the loop.
         """
-        if self.pipeline is None and self.worker.in_flight:  # a step sent when Ctrl+C came: finish it
-            self.store(self.worker.receive())
+        if self.pipeline is None:
+            self.store_received()
         self.settle()
         if self.pipeline is None or not self.pipeline.alive:
             yield
@@ -587,7 +588,8 @@ class Trainer:
                 self.write_summary(interrupted=False, error=f"{type(error).__name__}: {error}")
             raise
 
-        self.settle()  # the process pipeline's last updates
+        self.store_received()  # the process pipeline's last step
+        self.settle()  # and its updates
         if not self.is_main:
             self.save()
             return TrainResult(self.run_dir, {})
@@ -655,20 +657,38 @@ class Trainer:
         return metrics
 
     def process_pipelined_iteration(self) -> dict[str, torch.Tensor]:
-        """The pipeline when the envs step in worker processes: they step while the learner makes the
-        updates the previous step is owed, then that step is stored (its updates come next iteration).
+        """The pipeline when the envs step in worker processes: while they make step k, the learner
+        stores step k - 1 and makes the updates it is owed; step k is stored in the next iteration.
 
         The same env steps and updates as :meth:`off_policy_iteration`, each update one VecEnv step
         later: the actions of a step are those of the weights before the previous step's updates.
+        :attr:`steps` counts the steps stored, so the last step is sent only while the budget lasts.
         """
         hp = self.config.hyperparameters
-        self.worker.send(self.steps, random=self.steps < hp.learning_starts)
+        previous = self.received  # cleared just before it is stored: Ctrl+C in send() loses nothing
+        if previous is not None and self.steps + self.step_size >= self.config.total_steps:
+            self.received = None
+            self.store(previous)  # the budget's last step: nothing left to send
+            return self.settle()
+        sent_at = self.steps + (self.step_size if previous is not None else 0)
+        self.worker.send(sent_at, random=sent_at < hp.learning_starts)
+        if previous is not None:
+            self.received = None
+            self.store(previous)
         before = self.learner.updates
         metrics = self.settle()
-        transition = self.worker.receive()
+        self.received = self.worker.receive()
         self.policy_lags.append(self.learner.updates - before)
-        self.store(transition)
         return metrics
+
+    def store_received(self) -> None:
+        """Process pipeline: store the step received and not yet stored, then the step in flight if
+        there is one (sent when Ctrl+C came), in the order they were made."""
+        previous, self.received = self.received, None
+        if previous is not None:
+            self.store(previous)
+        if self.worker.in_flight:
+            self.store(self.worker.receive())
 
     def read_policy_lag(self) -> dict[str, float]:
         """Pipeline: mean and max policy lag (in updates) of the steps consumed since the last read."""
