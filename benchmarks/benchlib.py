@@ -87,7 +87,7 @@ def add_json_option(parser: Any) -> None:
     )
 
 
-def write_json(data: dict[str, Any], path: str | Path | None, default_name: str) -> Path:
+def write_json(data: Any, path: str | Path | None, default_name: str) -> Path:
     """Write ``data`` to ``path`` (default benchmarks/results/<default_name>); return the path."""
     if not path:  # None, or "" from a bare --json
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import argparse
 import time
 
 import torch
-from benchlib import machine_info, markdown_table, write_json
+from benchlib import add_json_option, machine_info, markdown_table, write_json
 
 from phalanx.nets import EnsembleMLP, mlp
 
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--json", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)

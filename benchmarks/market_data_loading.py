@@ -36,6 +36,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import add_json_option, write_json  # noqa: E402
+
 BARS_PER_DAY = 390
 DAYS_PER_YEAR = 252
 
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="where to write the files (default: a temporary dir)")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
-    parser.add_argument("--json", default=None, help="also write the results to this file")
+    add_json_option(parser)
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # child process: one file
     args = parser.parse_args(argv)
     if args.measure:
@@ -216,8 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
     output = {"generated": generated, "loads": results, "cpu_count": os.cpu_count()}
-    if args.json:
-        Path(args.json).write_text(json.dumps(output, indent=2) + "\n")
+    if args.json is not None:
+        print(f"results: {write_json(output, args.json, 'market_data_loading')}")
     return output
 
 

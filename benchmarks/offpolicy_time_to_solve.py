@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (  # noqa: E402
     RESULTS_DIR,
+    add_json_option,
     machine_info,
     markdown_table,
     median_time,
@@ -297,9 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="SB3 env steps between evaluations (default: phalanx's preset eval_every)",
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
-    parser.add_argument(
-        "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
     libraries = [lib for lib in args.libraries.split(",") if lib]

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine_info, markdown_table, write_json  # noqa: E402
+from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 
 def collection_rate(config, horizon: int, rollouts: int) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", default="64,256,1024", help="policy widths to try (two layers each)")
-    parser.add_argument("--json", default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
 

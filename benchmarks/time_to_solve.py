@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (  # noqa: E402
     RESULTS_DIR,
+    add_json_option,
     machine_info,
     markdown_table,
     median_time,
@@ -287,9 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--sb3-eval-every", type=int, default=0, help="SB3 env steps between evaluations")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
-    parser.add_argument(
-        "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     envs = [e for e in args.envs.split(",") if e]
     libraries = [lib for lib in args.libraries.split(",") if lib]

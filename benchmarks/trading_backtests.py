@@ -14,11 +14,14 @@ The table reports all six metrics for every run and the mean over seeds, whateve
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import add_json_option, write_json  # noqa: E402
 
 from phalanx.finance.backtesting import METRIC_LABELS, format_metric
 from phalanx.finance.metrics import METRIC_NAMES
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--ppo-steps", type=int, default=1_000_000)
     parser.add_argument("--sac-steps", type=int, default=100_000)
     parser.add_argument("--runs-dir", default=None, help="keep the runs here (default: a temporary dir)")
-    parser.add_argument("--json", default=None)
+    add_json_option(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -104,8 +107,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 flush=True,
             )
     print(table(runs))
-    if args.json:
-        Path(args.json).write_text(json.dumps(runs, indent=2) + "\n")
+    if args.json is not None:
+        print(f"results: {write_json(runs, args.json, 'trading_backtests')}")
     return runs
 
 

@@ -14,11 +14,14 @@ the device is synchronised before the clock is read. The benchmark measures; it 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import add_json_option, write_json  # noqa: E402
 
 
 def load_average() -> list[float] | None:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=10.0, help="timed stepping, after the warm-up")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    parser.add_argument("--json", default=None, help="also write the result to this file")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     result = run(args.num_envs, args.device, args.seconds, args.warmup, args.threads)
     print(
@@ -99,8 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"({result['vector_steps_per_s']} vector steps/s, {result['ms_per_vector_step']} ms each); "
         f"construction {result['construction_s']} s; load average {result['load_average_before']}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json is not None:
+        print(f"results: {write_json(result, args.json, 'trading_throughput')}")
     return result
 
 

@@ -135,7 +135,10 @@ def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torc
 
     A single-agent run gives an :class:`Agent`; a multi-agent run the agent class its algorithm names
     (:class:`phalanx.marl.agent.MultiAgentAgent`), with the same ``act`` / ``evaluate`` / ``frames``."""
-    config, state = _load(run_dir, checkpoint)
+    return _agent(*_load(run_dir, checkpoint), device)
+
+
+def _agent(config: TrainConfig, state: dict[str, Any], device: str | torch.device) -> Any:
     agent_class = get_algorithm(config.algo).agent_class or Agent
     return agent_class(config, state, device)
 
@@ -148,6 +151,5 @@ def evaluate(
     seed: int | None = None,
 ) -> Evaluation:
     """Run ``episodes`` deterministic episodes of a trained agent on its training environment."""
-    config = read_run_config(run_dir)
-    agent = load_agent(run_dir, checkpoint, device if device is not None else config.device)
-    return agent.evaluate(episodes, seed)
+    config, state = _load(run_dir, checkpoint)
+    return _agent(config, state, device if device is not None else config.device).evaluate(episodes, seed)
