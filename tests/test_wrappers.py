@@ -275,6 +275,22 @@ def test_nan_guard_flags_nan_actions_as_a_diverged_policy():
         env.step(actions)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_nan_guard_checks_every_float_dtype(dtype):
+    """CPU arrays numpy can hold are checked with numpy, the others (bfloat16) with torch: both catch
+    an inf, and finite arrays of the dtype pass."""
+
+    class Typed(NanAtStep):
+        def _observe(self) -> torch.Tensor:
+            return super()._observe().nan_to_num(nan=float("inf")).to(dtype)
+
+    env = NanGuard(Typed(row=1, at=2))
+    env.reset(seed=0)
+    env.step(torch.zeros(4, 1))
+    with pytest.raises(ContractError, match=r"non-finite obs .* sub-env index 1, step 2 .* got inf"):
+        env.step(torch.zeros(4, 1))
+
+
 def test_nan_guard_deferred_check_reports_the_first_offence():
     env = NanGuard(NanAtStep(row=3, at=2), check_every=4)
     env._sync_each_step = False  # the accelerator path, exercised on CPU
