@@ -397,8 +397,8 @@ RANDOM_RETURN = -26.6
 over 1000 episodes (standing still scores -25; the untrained greedy policies about -57)."""
 
 
-# simple_spread to a team return of -20 per agent (random + 6.6): the presets need 20-30k env steps
-# (QMIX) and 10-20k (VDN) of their 60k budget, ~15-40 s on one thread.
+# simple_spread to a team return of -20 per agent (random + 6.6): the presets need ~50k env steps
+# (QMIX, two 25k evaluation intervals) and 10-20k (VDN), ~15-50 s on one thread.
 @pytest.mark.skipif(not HAS_TRAINER, reason="the multi-agent trainer phalanx.marl.trainer is not there yet")
 @pytest.mark.parametrize("algo", ["qmix", "vdn"])
 def test_learns_simple_spread(tmp_path, algo):
