@@ -110,3 +110,18 @@ def failing_pendulum(
             return self.env.step(actions)
 
     return FailingLearnerEnv(make_env("Pendulum-v1", num_envs=num_envs, device=device, **kwargs))
+
+
+def failing_in_evaluation(num_envs: int, device: Any, **kwargs: Any) -> Any:
+    """phalanx's CartPole whose ``step`` raises in the 3-env evaluation env (3 = the tests' eval_episodes);
+    a factory for ``phalanx.envs.register_env`` (importable by an evaluation process)."""
+    from phalanx.envs import make_env
+    from phalanx.envs.wrappers import VecEnvWrapper
+
+    class FailingEvaluationEnv(VecEnvWrapper):
+        def step(self, actions):
+            if self.num_envs == 3:
+                raise RuntimeError("injected fault in the evaluation env")
+            return self.env.step(actions)
+
+    return FailingEvaluationEnv(make_env("CartPole-v1", num_envs=num_envs, device=device, **kwargs))

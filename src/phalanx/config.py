@@ -95,6 +95,10 @@ class TrainConfig:
     """Environment steps between evaluations (0: only at the end)."""
     eval_episodes: int = 10
     """Episodes per evaluation, run as parallel sub-environments with the deterministic policy."""
+    eval_process: bool = False
+    """Evaluate in a process of its own, on a copy of the weights, while training goes on (on another
+    core): an evaluation starts every eval_every steps, or as soon as the one before it ends, and
+    stop_return stops training when a result reaching it arrives."""
     checkpoint_every: int = 0
     """Environment steps between checkpoints (0: only at the end and at each new best evaluation)."""
     keep_checkpoints: int = 3
@@ -232,6 +236,7 @@ class TrainConfig:
         unsupported = {
             "pipeline": self.pipeline,
             "overlap": self.overlap,
+            "eval_process": self.eval_process,
             "normalize_obs": self.normalize_obs,
             "normalize_reward": self.normalize_reward,
             "num_learners": self.num_learners if self.num_learners != 1 else False,

@@ -38,7 +38,7 @@ from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import NanGuard, NormalizeObservation, RescaleAction, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-from phalanx.train.evaluator import Evaluation, Evaluator
+from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.learner import (
     Learner,
     LearnerGroup,
@@ -201,6 +201,8 @@ class Trainer:
         # Everything that can fail on bad input happens before the run directory is created; the envs
         # (and their worker processes) are closed if any of it fails.
         self.env = self.eval_env = None
+        self.evaluator: Evaluator | EvaluationProcess | None = None  # learner 0's
+        self.eval_process: EvaluationProcess | None = None  # the evaluator, when it is a process
         self.pipeline: Pipeline | None = None
         if group is None and config.num_learners > 1:
             raise ConfigError(
@@ -226,12 +228,17 @@ class Trainer:
         world = group.world_size if group is not None else 1
         rank = group.rank if group is not None else 0
         self.env = build_env(config, config.num_envs, training=True)
+        if self.is_main and config.eval_process:  # it starts while the rest is built
+            envs = picklable_factory(config.env, "eval_process evaluates in a process of its own", "drop it")
+            self.evaluator = self.eval_process = EvaluationProcess(
+                config, seed=config.seed + EVAL_SEED_OFFSET, envs=envs
+            )
         algorithm_class = get_algorithm(config.algo)
         raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
         algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
         self.obs_statistics = normalizer.statistics if normalizer is not None else None
-        if self.is_main:
+        if self.is_main and self.eval_process is None:
             self.eval_env = build_env(
                 config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics
             )
@@ -257,8 +264,7 @@ class Trainer:
         self.buffer = self.make_buffer()
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
-        self.evaluator = None
-        if self.is_main:
+        if self.eval_env is not None:
             self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
         self.open_run(run_dir, show_progress)
         self.worker.reset(seed=config.seed + rank * config.num_envs)  # each learner its own sub-env seeds
@@ -282,6 +288,8 @@ class Trainer:
         self.last_evaluation: Evaluation | None = None
         self.last_evaluation_step = -1
         self.next_eval = config.eval_every if config.eval_every else math.inf
+        self.eval_wanted = False  # evaluation process: an evaluation is due, to start when it is free
+        self.eval_snapshot: dict[str, Any] | None = None  # evaluation process: the agent it evaluates
         self.next_checkpoint = config.checkpoint_every if config.checkpoint_every else math.inf
         self.next_log = 0
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
@@ -492,10 +500,14 @@ class Trainer:
         for env in (self.env, self.eval_env):
             if env is not None:
                 env.close()
+        if self.eval_process is not None:
+            self.eval_process.close()
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Train to ``total_steps`` (or ``stop_return``); a pipeline's worker thread ends with the loop."""
+        if self.eval_process is not None:
+            self.eval_process.wait_ready()  # its start is part of building the run, not of training
         try:
             return self._train()
         finally:
@@ -538,9 +550,13 @@ class Trainer:
                 if self.steps >= self.next_eval:
                     while self.next_eval <= self.steps:
                         self.next_eval += config.eval_every
-                    if self.is_main:
+                    self.eval_wanted = True
+                    if self.is_main and self.eval_process is None:
                         row.update(self.evaluate())
-                        reached = self.reached_stop_return()
+                if self.is_main:
+                    if self.eval_process is not None:
+                        row.update(self.poll_evaluation())
+                    reached = self.reached_stop_return()
                 if self.group is not None:  # every learner stops at the same step, or none does
                     self.sync_statistics()
                     interrupted = self.group.interrupted.is_set()
@@ -593,7 +609,7 @@ class Trainer:
         if not self.is_main:
             self.save()
             return TrainResult(self.run_dir, {})
-        if self.last_evaluation_step != self.steps:
+        if self.last_evaluation_step != self.steps and not reached:
             row = self.evaluate()
             self.reached_stop_return()
             self.logger.log(
@@ -698,16 +714,56 @@ class Trainer:
         return {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
 
     def evaluate(self) -> dict[str, float]:
-        evaluation = self.evaluator.evaluate(self.algorithm)
+        """Evaluate the current weights, and wait for the result (with an evaluation process, after the
+        evaluation under way, if any)."""
+        if self.eval_process is None:
+            return self.record_evaluation(self.steps, self.evaluator.evaluate(self.algorithm))
+        row = self.record_evaluation(*result) if (result := self.eval_process.wait()) else {}
+        if self.last_evaluation_step != self.steps:
+            self.submit_evaluation()
+            row = self.record_evaluation(*self.eval_process.wait())
+        return row
+
+    def poll_evaluation(self) -> dict[str, float]:
+        """Evaluation process: record its result if one has arrived; then, if an evaluation is due and
+        the process is free (and stop_return not reached), send it the current weights."""
+        result = self.eval_process.poll()
+        row = self.record_evaluation(*result) if result is not None else {}
+        if self.eval_wanted and not self.eval_process.busy and not self.reached_stop_return():
+            self.submit_evaluation()
+        return row
+
+    def submit_evaluation(self) -> None:
+        """Evaluation process: send it a copy of the agent now (kept, to be the best checkpoint if its
+        evaluation is the best)."""
+        self.eval_wanted = False
+        self.eval_snapshot = _to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
+        self.eval_process.submit(
+            self.steps,
+            {key: self.eval_snapshot[key] for key in ("algorithm", "obs_statistics")},
+        )
+
+    def evaluated_agent_state(self) -> dict[str, Any]:
+        """The agent as it is evaluated now (a pipeline's worker thread paused, its steps consumed)."""
+        if self.group is not None:  # learner 0 alone: no drain (a collective); no statistics move then
+            return self.agent_state()
+        with self.pipeline_drained():  # the worker thread would move the observation statistics
+            return self.agent_state()
+
+    def record_evaluation(self, steps: int, evaluation: Evaluation) -> dict[str, float]:
+        """Take an evaluation of the weights of step ``steps``; a new best is saved as the best checkpoint."""
         self.last_evaluation = evaluation
-        self.last_evaluation_step = self.steps
+        self.last_evaluation_step = steps
         if self.evaluator.is_best(evaluation):
-            if self.group is None:
-                with self.pipeline_drained():  # the worker thread would move the observation statistics
-                    self.checkpoints.save_best(self.agent_state())
-            else:  # learner 0 alone: no drain (a collective); no statistics move under a group's pipeline
-                self.checkpoints.save_best(self.agent_state())
-        return {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
+            if self.eval_process is not None:
+                self.eval_snapshot["progress"]["best_eval_return"] = evaluation.mean
+                self.checkpoints.save_best(self.eval_snapshot)
+            else:
+                self.checkpoints.save_best(self.evaluated_agent_state())
+        row = {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
+        if self.eval_process is not None:  # the weights evaluated are some steps behind the row's
+            row["eval_steps"] = steps
+        return row
 
     def reached_stop_return(self) -> bool:
         stop = self.config.stop_return
@@ -739,6 +795,7 @@ class Trainer:
             "eval_return_mean": evaluation.mean if evaluation else None,
             "eval_return_std": evaluation.std if evaluation else None,
             "eval_episodes": len(evaluation.returns) if evaluation else 0,
+            "eval_steps": self.last_evaluation_step if evaluation else None,
             "best_eval_return": self.evaluator.best_return if evaluation else None,
             "buffer_bytes": self.buffer.nbytes,
             "interrupted": interrupted,
@@ -989,14 +1046,14 @@ def _learning_rates(algorithm: Algorithm) -> dict[str, list[float]]:
     }
 
 
-def _to_device(state: Any, device: torch.device) -> Any:
-    """A checkpoint's tensors moved to ``device`` (nested dicts and lists)."""
+def _to_device(state: Any, device: torch.device, copy: bool = False) -> Any:
+    """A checkpoint's tensors moved to ``device`` (nested dicts and lists); ``copy``: always copied."""
     if isinstance(state, torch.Tensor):
-        return state.to(device)
+        return state.to(device, copy=copy)
     if isinstance(state, dict):
-        return {key: _to_device(value, device) for key, value in state.items()}
+        return {key: _to_device(value, device, copy) for key, value in state.items()}
     if isinstance(state, list):
-        return [_to_device(value, device) for value in state]
+        return [_to_device(value, device, copy) for value in state]
     return state
 
 
@@ -1009,6 +1066,7 @@ def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[
         "worker_restarts",
         "worker_timeout",
         "torch_threads",
+        "eval_process",
         "pipeline",
         "pipeline_queue",
         "sync_every",

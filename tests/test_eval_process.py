@@ -1,0 +1,157 @@
+"""eval_process: the evaluator in a process of its own, on a copy of the weights, while training goes on."""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.envs.registry import register_env, unregister_env
+from phalanx.errors import ConfigError
+from phalanx.train.checkpoint import load_checkpoint
+from phalanx.train.evaluator import EvaluationProcess
+from phalanx.train.trainer import Trainer, TrainingInterrupted
+
+sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name
+from fault_envs import failing_in_evaluation  # noqa: E402
+
+
+def small_config(tmp_path, name="run", **overrides):
+    settings = dict(
+        num_envs=8,
+        total_steps=4096,
+        eval_every=512,
+        eval_episodes=3,
+        log_every=256,
+        run_dir=str(tmp_path / name),
+        horizon=16,
+        minibatch_size=64,
+        epochs=2,
+        hidden_sizes=(16, 16),
+        normalize_obs=True,
+    )
+    settings.update(overrides)
+    return phalanx.make_config("ppo", settings.pop("env", "Pendulum-v1"), use_preset=False, **settings)
+
+
+def weights(run_dir, which):
+    return load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))["algorithm"]["policy"]
+
+
+def test_training_is_the_same_and_the_evaluations_match_the_in_process_evaluator(tmp_path):
+    inline = phalanx.train(small_config(tmp_path, "inline"), show_progress=False)
+    separate = phalanx.train(small_config(tmp_path, "process", eval_process=True), show_progress=False)
+    a, b = weights(inline.run_dir, "latest"), weights(separate.run_dir, "latest")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the evaluation process changed training"
+    # The final evaluation is of the same final weights, on the same env and seed.
+    assert separate.summary["eval_steps"] == separate.summary["total_steps"] == 4096
+    assert separate.summary["eval_return_mean"] == pytest.approx(inline.summary["eval_return_mean"], rel=1e-6)
+
+    with open(separate.run_dir / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row["eval_return_mean"]]
+    assert len(rows) >= 2  # evaluations during training, not only the final one
+    assert all(int(row["eval_steps"]) <= int(row["steps"]) for row in rows)
+    # The best checkpoint holds the weights that were evaluated, not those of the step the result came in.
+    best = [row for row in rows if float(row["eval_return_mean"]) == separate.summary["best_eval_return"]][0]
+    state = load_checkpoint(phalanx.agent._checkpoint_path(separate.run_dir, "best"))
+    assert state["progress"]["steps"] == int(best["eval_steps"])
+    assert state["progress"]["best_eval_return"] == separate.summary["best_eval_return"]
+    again = phalanx.evaluate(separate.run_dir, episodes=3, checkpoint="best")
+    assert again.mean == pytest.approx(separate.summary["best_eval_return"], rel=1e-5)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_the_process_evaluates_as_the_in_process_evaluator_under_every_start_method(tmp_path, start_method):
+    if start_method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"start method {start_method!r} is not available on this platform")
+    trainer = Trainer(small_config(tmp_path), show_progress=False)  # its Evaluator, in this process
+    process = EvaluationProcess(
+        trainer.config, seed=trainer.evaluator.seed, envs={}, start_method=start_method
+    )
+    try:
+        trainer.train()  # weights and observation statistics worth evaluating
+        expected = trainer.evaluator.evaluate(trainer.algorithm)
+        state = trainer.agent_state()
+        process.submit(7, {"algorithm": state["algorithm"], "obs_statistics": state["obs_statistics"]})
+        assert process.busy
+        steps, evaluation = process.wait()
+        assert steps == 7 and not process.busy and process.poll() is None
+        assert evaluation.returns == pytest.approx(expected.returns, rel=1e-6)
+        assert evaluation.lengths == expected.lengths
+    finally:
+        process.close()
+        trainer.close()
+    assert process.process is None
+
+
+def test_stop_return_stops_on_a_result_from_the_evaluation_process(tmp_path):
+    config = phalanx.make_config(
+        "ppo",
+        "CartPole-v1",
+        run_dir=str(tmp_path / "cartpole"),
+        total_steps=150_000,
+        stop_return=475,
+        seed=0,
+        eval_every=2048,
+        eval_process=True,
+    )
+    result = phalanx.train(config, show_progress=False)
+    summary = result.summary
+    assert summary["time_to_stop_return_s"] is not None and summary["total_steps"] < 150_000, summary
+    assert summary["eval_return_mean"] >= 475 and summary["eval_steps"] <= summary["total_steps"]
+    assert phalanx.evaluate(result.run_dir, checkpoint="best").mean >= 475
+
+
+def test_ctrl_c_and_the_end_of_training_leave_no_process_behind(tmp_path, monkeypatch):
+    trainer = Trainer(small_config(tmp_path, eval_process=True), show_progress=False)
+    process = trainer.eval_process.process
+    calls = {"n": 0}
+    original = trainer.learner.update
+
+    def interrupt_on_tenth(progress):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise KeyboardInterrupt
+        return original(progress)
+
+    monkeypatch.setattr(trainer.learner, "update", interrupt_on_tenth)
+    with pytest.raises(TrainingInterrupted):
+        trainer.train()
+    trainer.close()
+    assert not process.is_alive()
+    resumed = phalanx.resume(trainer.run_dir, show_progress=False)
+    assert resumed.summary["total_steps"] == 4096 and resumed.summary["eval_steps"] == 4096
+
+
+def test_a_failing_evaluation_env_is_reported_from_the_process(tmp_path):
+    register_env("FailingInEvaluation-v0", failing_in_evaluation)
+    try:
+        config = small_config(tmp_path, env="FailingInEvaluation-v0", eval_process=True, normalize_obs=False)
+        with pytest.raises(RuntimeError, match="evaluation process failed: RuntimeError: injected fault"):
+            phalanx.train(config, show_progress=False)
+    finally:
+        unregister_env("FailingInEvaluation-v0")
+
+
+def test_a_killed_evaluation_process_is_reported(tmp_path):
+    trainer = Trainer(small_config(tmp_path, eval_process=True), show_progress=False)
+    try:
+        trainer.eval_process.wait_ready()
+        os.kill(trainer.eval_process.process.pid, signal.SIGKILL)
+        trainer.eval_process.process.join(timeout=10)
+        with pytest.raises(RuntimeError, match="evaluation process ended: the process died .*signal 9"):
+            trainer.train()
+    finally:
+        trainer.close()
+
+
+def test_multi_agent_runs_refuse_eval_process():
+    with pytest.raises(ConfigError, match="eval_process = True is not supported for the multi-agent"):
+        phalanx.make_config("mappo", "simple_spread", eval_process=True).validate()
