@@ -414,11 +414,15 @@ def initial_hyperparameters(config: PopulationConfig, rng: random.Random) -> dic
 def member_config(
     config: PopulationConfig, seed: int, hyperparameters: dict[str, Any], run_dir: Path
 ) -> TrainConfig:
-    """A member's training config: the base with its seed, run directory and hyperparameters."""
+    """A member's training config: the base with its seed, run directory and hyperparameters.
+
+    Members evaluate in their own process (``eval_process`` off, whatever the base's preset says): a
+    member's fitness is the evaluation that ends its interval, and the population fills the cores."""
     member = dataclasses.replace(
         config.base,
         seed=seed,
         run_dir=str(run_dir),
+        eval_process=False,
         hyperparameters=dataclasses.replace(config.base.hyperparameters, **hyperparameters),
     )
     member.validate()
