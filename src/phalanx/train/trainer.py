@@ -609,8 +609,12 @@ class Trainer:
         if not self.is_main:
             self.save()
             return TrainResult(self.run_dir, {})
+        rows = []
+        if self.eval_process is not None and (result := self.eval_process.wait()) is not None:
+            rows.append(self.record_evaluation(*result))  # the evaluation under way, in a row of its own
         if self.last_evaluation_step != self.steps and not reached:
-            row = self.evaluate()
+            rows.append(self.evaluate())
+        for row in rows:
             self.reached_stop_return()
             self.logger.log(
                 {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
@@ -714,15 +718,11 @@ class Trainer:
         return {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluate the current weights, and wait for the result (with an evaluation process, after the
-        evaluation under way, if any)."""
+        """Evaluate the current weights and wait for the result (an evaluation process must be free)."""
         if self.eval_process is None:
             return self.record_evaluation(self.steps, self.evaluator.evaluate(self.algorithm))
-        row = self.record_evaluation(*result) if (result := self.eval_process.wait()) else {}
-        if self.last_evaluation_step != self.steps:
-            self.submit_evaluation()
-            row = self.record_evaluation(*self.eval_process.wait())
-        return row
+        self.submit_evaluation()
+        return self.record_evaluation(*self.eval_process.wait())
 
     def poll_evaluation(self) -> dict[str, float]:
         """Evaluation process: record its result if one has arrived; then, if an evaluation is due and
