@@ -21,24 +21,13 @@ from phalanx.train.trainer import Trainer, TrainingInterrupted
 
 sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name
 from fault_envs import failing_in_evaluation  # noqa: E402
+from test_training import small_config as training_config  # noqa: E402
 
 
 def small_config(tmp_path, name="run", **overrides):
-    settings = dict(
-        num_envs=8,
-        total_steps=4096,
-        eval_every=512,
-        eval_episodes=3,
-        log_every=256,
-        run_dir=str(tmp_path / name),
-        horizon=16,
-        minibatch_size=64,
-        epochs=2,
-        hidden_sizes=(16, 16),
-        normalize_obs=True,
-    )
-    settings.update(overrides)
-    return phalanx.make_config("ppo", settings.pop("env", "Pendulum-v1"), use_preset=False, **settings)
+    """test_training's small PPO run, on Pendulum-v1 with normalised observations (statistics to send)."""
+    settings = dict(env="Pendulum-v1", total_steps=4096, eval_every=512, normalize_obs=True)
+    return training_config(tmp_path, name, **{**settings, **overrides})
 
 
 def weights(run_dir, which):

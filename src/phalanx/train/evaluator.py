@@ -11,7 +11,6 @@ import math
 import multiprocessing
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +138,6 @@ class EvaluationProcess(BestReturn):
         )
         self.ready = False
         self.in_flight: int | None = None  # the steps of the weights being evaluated
-        self.seconds = 0.0  # spent in the process's evaluations
 
     @property
     def busy(self) -> bool:
@@ -160,7 +158,7 @@ class EvaluationProcess(BestReturn):
         buffer = io.BytesIO()
         torch.save({"steps": steps, **state}, buffer)
         try:
-            self.connection.send_bytes(buffer.getbuffer())
+            self.connection.send(("evaluate", buffer.getvalue()))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._died("an evaluation")
         self.in_flight = steps
@@ -190,9 +188,8 @@ class EvaluationProcess(BestReturn):
             raise RuntimeError(f"the evaluation process failed: {summary}\n\nIts traceback:\n{details}")
         if kind == "ready":
             return None
-        steps, returns, lengths, seconds = value
+        steps, returns, lengths = value
         self.in_flight = None
-        self.seconds += seconds
         return steps, Evaluation(returns, lengths)
 
     def _died(self, during: str) -> None:
@@ -202,14 +199,10 @@ class EvaluationProcess(BestReturn):
         raise RuntimeError(f"the evaluation process ended: {cause}.")
 
     def close(self) -> None:
-        """End the process (politely, then by force). Safe to call twice."""
+        """End the process (asked to close as the env workers are, then by force). Safe to call twice."""
         from phalanx.envs.workers import _shutdown
 
         if self.process is not None:
-            try:
-                self.connection.send_bytes(b"")
-            except (OSError, ValueError):
-                pass
             _shutdown([self.process], [self.connection])
             self.process = None
 
@@ -255,22 +248,20 @@ def _evaluation_loop(payload: dict[str, Any], connection: Any) -> None:
                     if os.getppid() != parent:  # the trainer is gone (a forked child holds both ends)
                         break
                     continue
-                message = connection.recv_bytes()
+                command, *arguments = connection.recv()
             except (EOFError, OSError):  # the trainer is gone
                 break
-            if not message:  # close
+            if command == "close":
                 break
             try:
-                request = _to_device(torch.load(io.BytesIO(message), weights_only=True), device)
+                request = _to_device(torch.load(io.BytesIO(arguments[0]), weights_only=True), device)
                 algorithm.load_state_dict(request["algorithm"])
                 if normalizer is not None:
                     normalizer.statistics.load_state_dict(request["obs_statistics"])
-                start = time.perf_counter()
                 evaluation = evaluator.evaluate(algorithm)
-                seconds = time.perf_counter() - start
             except Exception as error:
                 report_error(error)
                 continue
-            connection.send(("result", request["steps"], evaluation.returns, evaluation.lengths, seconds))
+            connection.send(("result", request["steps"], evaluation.returns, evaluation.lengths))
     finally:
         env.close()
