@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import multiprocessing
 import os
@@ -16,7 +17,7 @@ import phalanx
 from phalanx.envs.registry import register_env, unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
-from phalanx.train.evaluator import EvaluationProcess
+from phalanx.train.evaluator import CopiesEvaluator, EvaluationProcess
 from phalanx.train.trainer import Trainer, TrainingInterrupted
 
 sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name
@@ -45,7 +46,8 @@ def test_training_is_the_same_and_the_evaluations_match_the_in_process_evaluator
 
     with open(separate.run_dir / "metrics.csv") as file:
         rows = [row for row in csv.DictReader(file) if row["eval_return_mean"]]
-    assert len(rows) >= 2  # evaluations during training, not only the final one
+    # Every copy taken (each eval_every = 512 steps) was evaluated, those that waited side by side.
+    assert [int(row["eval_steps"]) for row in rows] == list(range(512, 4097, 512))
     assert all(int(row["eval_steps"]) <= int(row["steps"]) for row in rows)
     # The best checkpoint holds the weights that were evaluated, not those of the step the result came in.
     best = [row for row in rows if float(row["eval_return_mean"]) == separate.summary["best_eval_return"]][0]
@@ -70,14 +72,62 @@ def test_the_process_evaluates_as_the_in_process_evaluator_under_every_start_met
         state = trainer.agent_state()
         process.submit(7, {"algorithm": state["algorithm"], "obs_statistics": state["obs_statistics"]})
         assert process.busy
-        steps, evaluation = process.wait()
-        assert steps == 7 and not process.busy and process.poll() is None
+        [(steps, evaluation)] = process.wait()
+        assert steps == 7 and not process.busy and process.poll() == []
         assert evaluation.returns == pytest.approx(expected.returns, rel=1e-6)
         assert evaluation.lengths == expected.lengths
     finally:
         process.close()
         trainer.close()
     assert process.process is None
+
+
+def test_copies_evaluated_side_by_side_score_as_each_alone(tmp_path):
+    """k copies of the weights evaluated together: each gets the returns of its own evaluation, with its
+    own weights and observation statistics, on the evaluation env's start states."""
+    trainer = Trainer(small_config(tmp_path), show_progress=False)
+    together = CopiesEvaluator(trainer.config, seed=trainer.evaluator.seed)
+    try:
+
+        def agent():
+            state = {
+                "algorithm": trainer.algorithm.state_dict(),
+                "obs_statistics": trainer.obs_statistics.state_dict(),
+            }
+            return copy.deepcopy(state)
+
+        untrained = agent()
+        trainer.train()
+        trained = agent()
+        shifted = copy.deepcopy(trained)  # the trained weights with other observation statistics
+        shifted["obs_statistics"]["mean"] += 0.5
+        copies, alone = [trained, untrained, shifted, trained], []
+        for state in copies:
+            trainer.algorithm.load_state_dict(state["algorithm"])
+            trainer.obs_statistics.load_state_dict(state["obs_statistics"])  # the evaluation env's too
+            alone.append(trainer.evaluator.evaluate(trainer.algorithm))
+        assert len({round(evaluation.mean, 3) for evaluation in alone}) == 3  # three different agents
+        assert together.batch_limit == trainer.config.eval_batch == 8
+        for evaluation, expected in zip(together.evaluate(copies), alone, strict=True):
+            assert evaluation.returns == pytest.approx(expected.returns, rel=1e-6)
+            assert evaluation.lengths == expected.lengths
+        with pytest.raises(ValueError, match="9 copies, expected 1 to 8"):
+            together.evaluate(copies * 2 + copies[:1])
+    finally:
+        together.close()
+        trainer.close()
+
+
+def test_envs_that_are_not_batched_simulators_evaluate_one_copy_at_a_time(tmp_path):
+    config = training_config(tmp_path, env="gym:CartPole-v1", eval_process=True)
+    trainer = Trainer(config, show_progress=False)
+    try:
+        trainer.eval_process.wait_ready()
+        assert trainer.eval_process.batch_limit == 1  # the newest copy replaces the one waiting
+        trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.last_evaluation_step == config.total_steps
 
 
 def test_stop_return_stops_on_a_result_from_the_evaluation_process(tmp_path):
@@ -144,3 +194,31 @@ def test_a_killed_evaluation_process_is_reported(tmp_path):
 def test_multi_agent_runs_refuse_eval_process():
     with pytest.raises(ConfigError, match="eval_process = True is not supported for the multi-agent"):
         phalanx.make_config("mappo", "simple_spread", eval_process=True).validate()
+
+
+@pytest.mark.parametrize(("algo", "env"), [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_other_algorithms_evaluate_copies_side_by_side_as_alone(tmp_path, algo, env):
+    """Algorithms without a batched side_by_side act one copy after another on their blocks of rows."""
+    config = phalanx.make_config(
+        algo, env, run_dir=str(tmp_path / algo), eval_episodes=3, hidden_sizes=(16, 16)
+    )
+    trainer = Trainer(config, show_progress=False)
+    together = CopiesEvaluator(trainer.config, seed=trainer.evaluator.seed)
+    try:
+        copies, alone = [], []
+        for seed in range(3):  # three differently initialised agents
+            torch.manual_seed(seed)
+            agent = type(trainer.algorithm)(
+                config.hyperparameters,
+                trainer.env.single_observation_space,
+                trainer.env.single_action_space,
+                "cpu",
+            )
+            copies.append({"algorithm": agent.state_dict(), "obs_statistics": None})
+            alone.append(trainer.evaluator.evaluate(agent))
+        for evaluation, expected in zip(together.evaluate(copies), alone, strict=True):
+            assert evaluation.returns == pytest.approx(expected.returns, rel=1e-6)
+            assert evaluation.lengths == expected.lengths
+    finally:
+        together.close()
+        trainer.close()

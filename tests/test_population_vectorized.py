@@ -11,9 +11,9 @@ import phalanx
 from phalanx.algos.ppo import PPO
 from phalanx.config import save_yaml
 from phalanx.envs.classic import CartPoleEnv, PendulumEnv
-from phalanx.envs.wrappers import find_wrapper
+from phalanx.envs.wrappers import MemberNormalizeObservation, find_wrapper
 from phalanx.errors import ConfigError, EnvError
-from phalanx.population.vectorized import MemberNormalizeObservation, VectorizedPPO
+from phalanx.population.vectorized import VectorizedPPO
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.trainer import Trainer
 

@@ -96,9 +96,14 @@ class TrainConfig:
     eval_episodes: int = 10
     """Episodes per evaluation, run as parallel sub-environments with the deterministic policy."""
     eval_process: bool = False
-    """Evaluate in a process of its own, on a copy of the weights, while training goes on (on another
-    core): an evaluation starts every eval_every steps, or as soon as the one before it ends, and
+    """Evaluate in a process of its own, on copies of the weights, while training goes on (on another
+    core): a copy is taken every eval_every steps and evaluated as soon as the process is free, and
     stop_return stops training when a result reaching it arrives."""
+    eval_batch: int = 8
+    """With eval_process and a batched simulator (the built-in envs): the copies taken while the process
+    was busy are evaluated together, up to this many (the newest), side by side in one env of
+    eval_batch * eval_episodes sub-envs, so that every copy is evaluated. 1, or another kind of env:
+    only the newest copy; the ones it replaces are not evaluated."""
     checkpoint_every: int = 0
     """Environment steps between checkpoints (0: only at the end and at each new best evaluation)."""
     keep_checkpoints: int = 3
@@ -210,6 +215,7 @@ class TrainConfig:
             self.eval_episodes,
             ">= 1",
         )
+        check(_is_int(self.eval_batch) and self.eval_batch >= 1, "eval_batch", self.eval_batch, ">= 1")
         check(
             _is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
             "checkpoint_every",

@@ -33,6 +33,19 @@ class GradientGroup(Protocol):
         """Replace each tensor, in place, by its mean over the learners (identical on every learner)."""
 
 
+class SideBySide:
+    """k agents as one actor: agent i acts on its own block of ``len(obs) / k`` rows."""
+
+    def __init__(self, agents: list[Algorithm]) -> None:
+        self.agents = agents
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        blocks = obs.chunk(len(self.agents))
+        return torch.cat(
+            [agent.act(rows, deterministic) for agent, rows in zip(self.agents, blocks, strict=True)]
+        )
+
+
 class Algorithm:
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]]
@@ -76,6 +89,13 @@ class Algorithm:
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def side_by_side(cls, agents: list[Algorithm]) -> SideBySide | Any:
+        """One actor for k agents of this class (an evaluation of k copies of the weights at once): its
+        ``act`` of ``(k * E, ...)`` observations gives agent i's deterministic actions for its block of E
+        rows. A subclass may batch the k networks into one."""
+        return SideBySide(agents)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
         """Step ``optimizer`` on the gradients its parameters hold: first averaged over the learners of a

@@ -23,7 +23,7 @@ import torch
 from phalanx.algos.base import Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.config import AlgoConfig, TrainConfig, check
-from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, obs_dim
+from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
 from phalanx.optim import FlatRMSprop, make_adam
 
 
@@ -175,6 +175,11 @@ class PPO(Algorithm):
             return self.policy.deterministic_action(obs)
         actions, _ = self.policy.sample(obs)
         return actions
+
+    @classmethod
+    def side_by_side(cls, agents: list[Algorithm]) -> MemberActor:
+        """The k policies as one ensemble: one batched forward for all k blocks of rows."""
+        return MemberActor.of([agent.policy for agent in agents])  # type: ignore[attr-defined]
 
     # -- learning --------------------------------------------------------------------------------
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:

@@ -359,6 +359,18 @@ class BatchedVecEnv(BatchedBookkeeping, VecEnv):
         return low + (high - low) * sample
 
 
+def block_seeds(env: VecEnv, seeds: Sequence[int], rows_per_block: int) -> int | list[int]:
+    """``reset(seed=...)`` of ``env`` that gives each block b of ``rows_per_block`` consecutive rows what an
+    env of ``rows_per_block`` sub-envs reset with ``seeds[b]`` gets: one seed per block for a batched
+    simulator (a generator per block), one per sub-env otherwise (sub-env j of an env seeded s gets
+    s + j, as Gymnasium's vector envs), and a plain int for a single block (every VecEnv takes one)."""
+    if len(seeds) == 1:
+        return int(seeds[0])
+    if isinstance(env.unwrapped, BatchedVecEnv):
+        return [int(seed) for seed in seeds]
+    return [int(seed) + row for seed in seeds for row in range(rows_per_block)]
+
+
 def concat_transitions(
     parts: list[tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:

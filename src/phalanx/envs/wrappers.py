@@ -27,6 +27,7 @@ from phalanx.envs.core import ConcatVecEnv, Tensor, VecEnv
 from phalanx.errors import ConfigError, ContractError
 
 __all__ = [
+    "MemberNormalizeObservation",
     "NanGuard",
     "NormalizeObservation",
     "RescaleAction",
@@ -363,6 +364,38 @@ class NormalizeObservation(VecEnvWrapper):
 
     def _load_own_state_dict(self, state: dict[str, Any]) -> None:
         self.statistics.load_state_dict(state["obs_statistics"])
+
+
+class MemberNormalizeObservation(NormalizeObservation):
+    """NormalizeObservation with running statistics of their own for each of P equal blocks of rows:
+    the members of a vectorized population, or the snapshots of the weights that an evaluation process
+    evaluates together.
+
+    ``statistics`` is a RunningMeanStd of shape ``(P, *obs_shape)`` fed the ``(N, P, *obs_shape)`` view
+    of each batch: member i's mean and variance are those a NormalizeObservation of member i's rows
+    alone would hold (the count is shared: every member adds N rows per step). Normalised observations
+    are clipped to ``[-OBS_CLIP, OBS_CLIP]`` as in a single run; ``update=False`` for evaluation envs.
+    """
+
+    def __init__(
+        self, env: VecEnv, num_members: int, statistics: RunningMeanStd | None = None, update: bool = True
+    ) -> None:
+        self.num_members = num_members  # before the base class sizes the statistics with it
+        super().__init__(env, statistics=statistics, update=update)
+
+    def statistics_shape(self, space: gym.spaces.Box) -> tuple[int, ...]:
+        return (self.num_members, *space.shape)
+
+    def _by_member(self, obs: Tensor) -> Tensor:
+        """``(P * N, *obs_shape)`` rows as a ``(N, P, *obs_shape)`` view."""
+        return obs.view(self.num_members, -1, *obs.shape[1:]).transpose(0, 1)
+
+    def observe(self, obs: Tensor) -> None:
+        self.statistics.update(self._by_member(obs))
+
+    def normalize(self, obs: Tensor) -> Tensor:
+        normalized = self.statistics.normalize(self._by_member(obs), self.epsilon)  # (N, P, *obs_shape)
+        return normalized.transpose(0, 1).reshape(obs.shape).clamp_(-self.clip, self.clip)
 
 
 class ScaleReward(VecEnvWrapper):

@@ -46,11 +46,11 @@ from torch import nn
 from phalanx.algos.ppo import PPO, PPOConfig
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.config import TrainConfig
-from phalanx.envs.core import BatchedVecEnv, Tensor, VecEnv, as_device
+from phalanx.envs.core import Tensor, VecEnv, as_device, block_seeds
 from phalanx.envs.registry import make_env
 from phalanx.envs.wrappers import (
+    MemberNormalizeObservation,
     NanGuard,
-    NormalizeObservation,
     RescaleAction,
     RunningMeanStd,
     VecEnvWrapper,
@@ -58,13 +58,11 @@ from phalanx.envs.wrappers import (
 )
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
-    LOG_SQRT_2PI,
-    CategoricalPolicy,
     EnsembleLinear,
-    EnsembleMLP,
-    GaussianPolicy,
-    ValueNet,
-    _log_softmax_actions_first,
+    MemberActor,
+    MemberCategoricalPolicy,
+    MemberGaussianPolicy,
+    MemberValueNet,
 )
 from phalanx.train.evaluator import Evaluator
 from phalanx.train.trainer import EVAL_SEED_OFFSET, space_spec
@@ -84,99 +82,6 @@ OPTIONAL_HYPERPARAMETERS = ("clip_value", "max_grad_norm")
 """Per-member hyperparameters that may be None (no clipping); stored as +inf in the tensors."""
 _GRAD_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 """torch's one-time hint when a .grad is not laid out like a dense parameter (flatten_parameters' views)."""
-
-
-# -- networks: P members as one module -------------------------------------------------------------
-class MemberNoise:
-    """Each member's random draws from its own generator, into one reusable ``(P, *shape)`` buffer.
-
-    Member i's slice holds exactly what ``torch.rand(shape, generator=generators[i])`` (or ``randn``)
-    returns; filling preallocated views in place costs a third of a ``torch.rand`` call per member,
-    which matters with one call per member per env step. The buffer is overwritten by the next draw.
-    """
-
-    def __init__(self) -> None:
-        self.buffer: Tensor | None = None
-        self.views: list[Tensor] = []
-
-    def draw(
-        self, generators: Sequence[torch.Generator], shape: tuple[int, ...], like: Tensor, normal: bool
-    ) -> Tensor:
-        full_shape = (len(generators), *shape)
-        buffer = self.buffer
-        if (
-            buffer is None
-            or buffer.shape != full_shape
-            or buffer.device != like.device
-            or buffer.dtype != like.dtype
-        ):
-            buffer = self.buffer = torch.empty(full_shape, device=like.device, dtype=like.dtype)
-            self.views = list(buffer.unbind(0))
-        for view, generator in zip(self.views, generators, strict=True):
-            if normal:
-                view.normal_(generator=generator)
-            else:
-                view.uniform_(generator=generator)
-        return buffer
-
-
-class MemberCategoricalPolicy(CategoricalPolicy):
-    """P categorical policies as one module: ``logits_net`` is an EnsembleMLP; observations are
-    ``(P, B, obs_dim)``.
-
-    ``forward``, ``log_prob_entropy`` and ``deterministic_action`` are CategoricalPolicy's own (they
-    reduce over the action dim only, so a leading member dim passes through); :meth:`sample_members`
-    draws each member's Gumbel noise from that member's generator.
-    """
-
-    def __init__(self, policies: Sequence[CategoricalPolicy]) -> None:
-        nn.Module.__init__(self)  # not CategoricalPolicy.__init__: its mlp would draw from the global RNG
-        self.num_actions = policies[0].num_actions
-        self.logits_net = EnsembleMLP.from_mlps([policy.logits_net for policy in policies])
-        self.noise = MemberNoise()
-
-    def sample_members(self, obs: Tensor, generators: Sequence[torch.Generator]) -> tuple[Tensor, Tensor]:
-        """``(actions (P, B), log_probs (P, B))``: CategoricalPolicy.sample, member i's noise drawn from
-        generator i."""
-        log_probs = _log_softmax_actions_first(self(obs))  # (A, P, B)
-        # (P, B, A): member i's (B, A), the draw of CategoricalPolicy.sample in a single run
-        uniform = self.noise.draw(generators, (obs.shape[1], self.num_actions), log_probs, normal=False)
-        gumbel = -torch.log(-torch.log(uniform))  # (P, B, A)
-        # max(...).indices, not argmax: the same index, but argmax over a short leading dim is ~10x slower
-        action = (log_probs + gumbel.movedim(-1, 0)).max(dim=0).indices  # (P, B)
-        log_prob = log_probs.gather(0, action.unsqueeze(0)).squeeze(0)  # (P, B)
-        return action, log_prob
-
-
-class MemberGaussianPolicy(GaussianPolicy):
-    """P diagonal Gaussian policies as one module: ``mean_net`` is an EnsembleMLP, ``log_std`` is
-    ``(P, 1, action_dim)``; observations ``(P, B, obs_dim)``. The rest is GaussianPolicy's own."""
-
-    def __init__(self, policies: Sequence[GaussianPolicy]) -> None:
-        nn.Module.__init__(self)  # not GaussianPolicy.__init__: its mlp would draw from the global RNG
-        self.action_dim = policies[0].action_dim
-        self.mean_net = EnsembleMLP.from_mlps([policy.mean_net for policy in policies])
-        log_std = torch.stack([policy.log_std.detach() for policy in policies]).unsqueeze(1)
-        self.log_std = nn.Parameter(log_std)  # (P, 1, action_dim)
-        self.noise = MemberNoise()
-
-    def sample_members(self, obs: Tensor, generators: Sequence[torch.Generator]) -> tuple[Tensor, Tensor]:
-        """``(actions (P, B, act_dim), log_probs (P, B))``: GaussianPolicy.sample, member i's noise from
-        generator i."""
-        mean, log_std = self(obs)  # (P, B, act_dim) each
-        # (P, B, act_dim): member i's (B, act_dim), the draw of GaussianPolicy.sample in a single run
-        noise = self.noise.draw(generators, tuple(mean.shape[1:]), mean, normal=True)
-        action = mean + log_std.exp() * noise
-        log_prob = (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(dim=-1)
-        return action, log_prob
-
-
-class MemberValueNet(ValueNet):
-    """P value networks as one module: observations ``(P, B, obs_dim)`` to values ``(P, B)``."""
-
-    def __init__(self, values: Sequence[ValueNet]) -> None:
-        nn.Module.__init__(self)  # not ValueNet.__init__: its mlp would draw from the global RNG
-        self.value_net = EnsembleMLP.from_mlps([value.value_net for value in values])
 
 
 def flatten_parameters(parameters: Sequence[nn.Parameter]) -> tuple[Tensor, Tensor]:
@@ -255,37 +160,7 @@ class VectorizedAdam:
             getattr(self, name).copy_(state[name])
 
 
-# -- per-member normalisation of the env -------------------------------------------------------------
-class MemberNormalizeObservation(NormalizeObservation):
-    """NormalizeObservation with running statistics of their own for each member's block of rows.
-
-    ``statistics`` is a RunningMeanStd of shape ``(P, *obs_shape)`` fed the ``(N, P, *obs_shape)`` view
-    of each batch: member i's mean and variance are those a NormalizeObservation of member i's rows
-    alone would hold (the count is shared: every member adds N rows per step). Normalised observations
-    are clipped to ``[-OBS_CLIP, OBS_CLIP]`` as in a single run; ``update=False`` for evaluation envs.
-    """
-
-    def __init__(
-        self, env: VecEnv, num_members: int, statistics: RunningMeanStd | None = None, update: bool = True
-    ) -> None:
-        self.num_members = num_members  # before the base class sizes the statistics with it
-        super().__init__(env, statistics=statistics, update=update)
-
-    def statistics_shape(self, space: gym.spaces.Box) -> tuple[int, ...]:
-        return (self.num_members, *space.shape)
-
-    def _by_member(self, obs: Tensor) -> Tensor:
-        """``(P * N, *obs_shape)`` rows as a ``(N, P, *obs_shape)`` view."""
-        return obs.view(self.num_members, -1, *obs.shape[1:]).transpose(0, 1)
-
-    def observe(self, obs: Tensor) -> None:
-        self.statistics.update(self._by_member(obs))
-
-    def normalize(self, obs: Tensor) -> Tensor:
-        normalized = self.statistics.normalize(self._by_member(obs), self.epsilon)  # (N, P, *obs_shape)
-        return normalized.transpose(0, 1).reshape(obs.shape).clamp_(-self.clip, self.clip)
-
-
+# -- per-member scaling of the rewards --------------------------------------------------------------
 class MemberScaleReward(VecEnvWrapper):
     """ScaleReward with a discount and return statistics of their own for each member's block of rows.
 
@@ -327,19 +202,6 @@ class MemberScaleReward(VecEnvWrapper):
     def _load_own_state_dict(self, state: dict[str, Any]) -> None:
         self.statistics.load_state_dict(state["return_statistics"])
         self.returns.copy_(state["returns"])
-
-
-class _MemberActor:
-    """The deterministic policy of every member, as the Evaluator calls it: ``act((P * E, obs_dim))``."""
-
-    def __init__(self, policy: MemberCategoricalPolicy | MemberGaussianPolicy, num_members: int) -> None:
-        self.policy = policy
-        self.num_members = num_members
-
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
-        actions = self.policy.deterministic_action(obs.view(self.num_members, -1, *obs.shape[1:]))
-        return actions.flatten(0, 1)  # (P * E, ...)
 
 
 # -- the population ------------------------------------------------------------------------------------
@@ -502,13 +364,9 @@ class VectorizedPPO:
             env = MemberScaleReward(env, self.num_members, self.hyperparameter_tensors["gamma"])
         return env
 
-    def _env_seeds(self, offset: int, rows_per_member: int) -> list[int]:
-        """Seeds for ``reset(seed=...)`` that give each member's rows what a single env seeded
-        ``seed + offset`` gives: one per member for batched envs (a generator per block of rows),
-        one per sub-env for Gymnasium envs (sub-env j of a run seeded s gets s + j)."""
-        if isinstance(self.env.unwrapped, BatchedVecEnv):
-            return [seed + offset for seed in self.seeds]
-        return [seed + offset + row for seed in self.seeds for row in range(rows_per_member)]
+    def _env_seeds(self, offset: int, rows_per_member: int) -> int | list[int]:
+        """``reset(seed=...)`` giving each member's rows what a single env seeded ``seed + offset`` gets."""
+        return block_seeds(self.env, [seed + offset for seed in self.seeds], rows_per_member)
 
     def _linear_weights(self) -> set[int]:
         """Ids of the EnsembleLinear weights ((P, in, out): the transpose of an nn.Linear weight)."""
@@ -748,7 +606,7 @@ class VectorizedPPO:
         if env is None:
             env = self._eval_envs[episodes] = self._build_env(self.num_members * episodes, training=False)
         seeds = self._env_seeds(EVAL_SEED_OFFSET, episodes)  # a list: each member's rows as its own run's
-        actor = _MemberActor(self.policy, self.num_members)
+        actor = MemberActor(self.policy, self.num_members)
         evaluation = Evaluator(env, seed=seeds).evaluate(actor)  # type: ignore[arg-type]
         means = (
             torch.tensor(evaluation.returns, dtype=torch.float64).view(self.num_members, episodes).mean(dim=1)

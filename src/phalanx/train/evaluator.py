@@ -101,14 +101,20 @@ class Evaluator(BestReturn):
 
 
 class EvaluationProcess(BestReturn):
-    """The :class:`Evaluator` in a process of its own, evaluating a copy of the weights while training
+    """The :class:`Evaluator` in a process of its own, evaluating copies of the weights while training
     goes on: evaluations leave the training loop, and can run as often as the process keeps up.
 
     The process builds the evaluation env the trainer would (``build_env(config, eval_episodes,
     training=False)``) with the same seed, so it gives the same returns as an :class:`Evaluator` for the
-    same weights. One evaluation at a time: :meth:`submit` sends the weights and returns at once,
-    :meth:`poll` gives the result when there is one, :meth:`wait` waits for it. The process ignores
-    Ctrl+C (the trainer handles it and closes the process) and ends when this side closes or dies.
+    same weights. :meth:`submit` sends a copy of the weights and returns at once (a thread of the process
+    receives it while it evaluates others); :meth:`poll` gives the results that are in, :meth:`wait`
+    waits for all. Whenever the process is free it takes the copies that have arrived, up to
+    :attr:`batch_limit` of them (the newest; older ones are reported skipped), and evaluates them
+    together: k copies in one env of ``k * eval_episodes`` sub-envs, each on its own block of rows seeded
+    as the single evaluation env (:func:`~phalanx.envs.core.block_seeds`) with its own observation
+    statistics, its actions from :meth:`Algorithm.side_by_side`. With a batched simulator k copies cost
+    little more than one. The process ignores Ctrl+C (the trainer handles it and closes the process)
+    and ends when this side closes or dies.
 
     On Linux with a CPU device the process is forked (in milliseconds, and the caller's script needs no
     ``if __name__ == "__main__":`` guard); it sets its own thread count first, as PyTorch's DataLoader
@@ -136,61 +142,64 @@ class EvaluationProcess(BestReturn):
         self.process, self.connection = _start_process(
             context, _evaluation_loop, (payload,), name="phalanx-evaluator"
         )
+        self.batch_limit = 1
+        """The most copies evaluated together (``eval_batch`` with a batched simulator, else 1); known
+        once the process is ready."""
         self.ready = False
-        self.in_flight: int | None = None  # the steps of the weights being evaluated
+        self.outstanding: set[int] = set()  # the steps of the copies sent and not yet reported
 
     @property
     def busy(self) -> bool:
-        return self.in_flight is not None
+        return bool(self.outstanding)
 
     def wait_ready(self) -> None:
         """Wait until the process has built its env and networks (a failure there is raised here)."""
         if not self.ready:
-            self._receive("ready", block=True)
+            self.batch_limit = self._receive("start")
             self.ready = True
 
     def submit(self, steps: int, state: dict[str, Any]) -> None:
         """Evaluate ``state`` (the algorithm's state dict and the observation statistics, on the CPU) as
-        the weights of step ``steps``."""
-        if self.busy:
-            raise RuntimeError("EvaluationProcess.submit: an evaluation is under way; poll() or wait() first")
+        the weights of step ``steps``, once the process is free."""
+        if steps in self.outstanding:
+            raise ValueError(f"EvaluationProcess.submit: the weights of step {steps} were sent already.")
         self.wait_ready()
         buffer = io.BytesIO()
         torch.save({"steps": steps, **state}, buffer)
         try:
-            self.connection.send(("evaluate", buffer.getvalue()))
+            self.connection.send(("evaluate", steps, buffer.getvalue()))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             self._died("an evaluation")
-        self.in_flight = steps
+        self.outstanding.add(steps)
 
-    def poll(self) -> tuple[int, Evaluation] | None:
-        """``(steps, evaluation)`` if the evaluation under way has ended, else None (does not wait)."""
-        if not self.busy:
-            return None
-        return self._receive("result", block=False)
+    def poll(self) -> list[tuple[int, Evaluation]]:
+        """The ``(steps, evaluation)`` results that have arrived, in step order (does not wait); the
+        copies skipped for newer ones are no longer outstanding."""
+        results = []
+        while self.busy and self.connection.poll():
+            results += self._receive("an evaluation")
+        return results
 
-    def wait(self) -> tuple[int, Evaluation] | None:
-        """Wait for the evaluation under way: ``(steps, evaluation)``, or None if there is none."""
-        if not self.busy:
-            return None
-        return self._receive("result", block=True)
+    def wait(self) -> list[tuple[int, Evaluation]]:
+        """Wait until every copy sent is evaluated or skipped: their ``(steps, evaluation)`` results."""
+        results = []
+        while self.busy:
+            results += self._receive("an evaluation")
+        return results
 
-    def _receive(self, expected: str, block: bool) -> Any:
+    def _receive(self, during: str) -> Any:
         try:
-            if not block and not self.connection.poll():
-                return None
             message = self.connection.recv()
         except (EOFError, ConnectionResetError, OSError):
-            self._died("start" if expected == "ready" else "an evaluation")
-        kind, *value = message
+            self._died(during)
+        kind, value, *details = message
         if kind == "error":
-            summary, details = value
-            raise RuntimeError(f"the evaluation process failed: {summary}\n\nIts traceback:\n{details}")
+            raise RuntimeError(f"the evaluation process failed: {value}\n\nIts traceback:\n{details[0]}")
         if kind == "ready":
-            return None
-        steps, returns, lengths = value
-        self.in_flight = None
-        return steps, Evaluation(returns, lengths)
+            return value
+        skipped = details[0]
+        self.outstanding -= {steps for steps, _, _ in value} | set(skipped)
+        return [(steps, Evaluation(returns, lengths)) for steps, returns, lengths in value]
 
     def _died(self, during: str) -> None:
         from phalanx.envs.workers import death_cause
@@ -207,9 +216,75 @@ class EvaluationProcess(BestReturn):
             self.process = None
 
 
+class CopiesEvaluator:
+    """Evaluates k copies of an agent at once (what the evaluation process does with the copies it takes):
+    copy i on its own block of ``eval_episodes`` rows of one env of ``k * eval_episodes`` sub-envs (built
+    once per k), seeded as the single evaluation env, normalised with its own observation statistics,
+    acting through :meth:`Algorithm.side_by_side`. Each copy gets what an :class:`Evaluator` gives it alone.
+    """
+
+    def __init__(self, config: Any, seed: int) -> None:
+        from phalanx.algos import get_algorithm
+        from phalanx.envs.core import BatchedVecEnv, as_device
+        from phalanx.train.trainer import build_env
+
+        self.config, self.seed = config, seed
+        self.device = as_device(config.device)
+        self.envs: dict[int, VecEnv] = {1: build_env(config, config.eval_episodes, training=False)}
+        self.algorithm_class = get_algorithm(config.algo)
+        self.spaces = self.envs[1].single_observation_space, self.envs[1].single_action_space
+        try:
+            self.algorithms = [self.algorithm_class(config.hyperparameters, *self.spaces, self.device)]
+        except BaseException:
+            self.close()
+            raise
+        self.batch_limit = config.eval_batch if isinstance(self.envs[1].unwrapped, BatchedVecEnv) else 1
+        """The most copies evaluated together: ``eval_batch`` with a batched simulator, where k copies cost
+        little more than one; 1 with other envs, where they would cost k times one."""
+
+    def evaluate(self, copies: list[dict[str, Any]]) -> list[Evaluation]:
+        """The evaluation of each copy (``{"algorithm": state dict, "obs_statistics": state or None}``)."""
+        from phalanx.envs.core import block_seeds
+        from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
+        from phalanx.train.trainer import _to_device, build_env
+
+        k, episodes = len(copies), self.config.eval_episodes
+        if not 1 <= k <= self.batch_limit:
+            raise ValueError(f"CopiesEvaluator.evaluate: {k} copies, expected 1 to {self.batch_limit}.")
+        copies = _to_device(copies, self.device)
+        if k not in self.envs:
+            self.envs[k] = build_env(self.config, k * episodes, training=False, blocks=k)
+        while len(self.algorithms) < k:
+            self.algorithms.append(
+                self.algorithm_class(self.config.hyperparameters, *self.spaces, self.device)
+            )
+        for algorithm, copy in zip(self.algorithms, copies, strict=False):  # the first k
+            algorithm.load_state_dict(copy["algorithm"])
+        normalizer = find_wrapper(self.envs[k], NormalizeObservation)
+        if normalizer is not None:
+            normalizer.statistics.load_state_dict(_block_statistics(copies))
+        evaluator = Evaluator(self.envs[k], block_seeds(self.envs[k], [self.seed] * k, episodes))
+        actor = self.algorithms[0] if k == 1 else self.algorithm_class.side_by_side(self.algorithms[:k])
+        evaluation = evaluator.evaluate(actor)
+        return [
+            Evaluation(
+                evaluation.returns[i * episodes : (i + 1) * episodes],
+                evaluation.lengths[i * episodes : (i + 1) * episodes],
+            )
+            for i in range(k)
+        ]
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()
+
+
 def _evaluation_loop(payload: dict[str, Any], connection: Any) -> None:
-    """The evaluation process: build the env, evaluator and algorithm, then evaluate what arrives."""
+    """The evaluation process: build its :class:`CopiesEvaluator`; then, while a thread receives the
+    copies of the weights as they are sent, evaluate the newest ``batch_limit`` of those waiting
+    whenever free."""
     import signal
+    import threading
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the trainer's to handle; it closes us
@@ -218,50 +293,71 @@ def _evaluation_loop(payload: dict[str, Any], connection: Any) -> None:
         connection.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
 
     try:
-        from phalanx.algos import get_algorithm
         from phalanx.config import TrainConfig
-        from phalanx.envs.core import as_device
         from phalanx.envs.registry import register_env
-        from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
-        from phalanx.train.trainer import _to_device, build_env
 
         torch.set_num_threads(payload["threads"])
         for env_id, factory in payload["envs"].items():  # ids the trainer's caller registered
             register_env(env_id, factory, overwrite=True)
         config = TrainConfig.from_dict(payload["config"], where="the evaluation process's config")
-        device = as_device(config.device)
-        env = build_env(config, config.eval_episodes, training=False)
-        normalizer = find_wrapper(env, NormalizeObservation)
-        algorithm = get_algorithm(config.algo)(
-            config.hyperparameters, env.single_observation_space, env.single_action_space, device
-        )
-        evaluator = Evaluator(env, payload["seed"])
+        evaluator = CopiesEvaluator(config, payload["seed"])
     except BaseException as error:
         report_error(error)
         return
-    connection.send(("ready",))
+
+    arrived: list[tuple[int, bytes]] = []  # the (steps, copy) received and not yet taken, oldest first
+    closing = threading.Event()
+    changed = threading.Condition()
+
+    def receive() -> None:  # the thread that keeps the pipe drained while the main thread evaluates
+        try:
+            while True:
+                command, *arguments = connection.recv()
+                if command == "close":
+                    break
+                with changed:
+                    arrived.append((arguments[0], arguments[1]))
+                    changed.notify()
+        except (EOFError, OSError):  # the trainer is gone
+            pass
+        closing.set()
+        with changed:
+            changed.notify()
+
+    threading.Thread(target=receive, name="phalanx-evaluator-receive", daemon=True).start()
+    connection.send(("ready", evaluator.batch_limit))
     parent = os.getppid()
     try:
-        while True:
-            try:
-                if not connection.poll(1.0):
+        while not closing.is_set():
+            with changed:
+                if not arrived and not changed.wait(timeout=1.0):
                     if os.getppid() != parent:  # the trainer is gone (a forked child holds both ends)
                         break
                     continue
-                command, *arguments = connection.recv()
-            except (EOFError, OSError):  # the trainer is gone
-                break
-            if command == "close":
-                break
+                taken = arrived[-evaluator.batch_limit :]
+                skipped = [steps for steps, _ in arrived[: -evaluator.batch_limit]]
+                arrived.clear()
             try:
-                request = _to_device(torch.load(io.BytesIO(arguments[0]), weights_only=True), device)
-                algorithm.load_state_dict(request["algorithm"])
-                if normalizer is not None:
-                    normalizer.statistics.load_state_dict(request["obs_statistics"])
-                evaluation = evaluator.evaluate(algorithm)
+                copies = [torch.load(io.BytesIO(data), weights_only=True) for _, data in taken]
+                evaluations = evaluator.evaluate(copies)
             except Exception as error:
                 report_error(error)
                 continue
-            connection.send(("result", request["steps"], evaluation.returns, evaluation.lengths))
+            results = [
+                (steps, evaluation.returns, evaluation.lengths)
+                for (steps, _), evaluation in zip(taken, evaluations, strict=True)
+            ]
+            connection.send(("results", results, skipped))
     finally:
-        env.close()
+        evaluator.close()
+
+
+def _block_statistics(copies: list[dict[str, Any]]) -> dict[str, Tensor]:
+    """The observation statistics of k copies as one state: the copy's own for k = 1, else their means
+    and variances stacked ``(k, *obs_shape)`` (a MemberNormalizeObservation's; the count, which
+    normalising does not read, is the first one's)."""
+    states = [copy["obs_statistics"] for copy in copies]
+    if len(states) == 1:
+        return states[0]
+    stacked = {name: torch.stack([state[name] for state in states]) for name in ("mean", "var")}
+    return {**stacked, "count": states[0]["count"]}

@@ -35,7 +35,14 @@ from phalanx.config import TrainConfig, load_yaml, save_yaml
 from phalanx.envs.core import ConcatVecEnv, VecEnv, as_device
 from phalanx.envs.registry import make_env, registered_factories
 from phalanx.envs.workers import ProcessVecEnv
-from phalanx.envs.wrappers import NanGuard, NormalizeObservation, RescaleAction, ScaleReward, find_wrapper
+from phalanx.envs.wrappers import (
+    MemberNormalizeObservation,
+    NanGuard,
+    NormalizeObservation,
+    RescaleAction,
+    ScaleReward,
+    find_wrapper,
+)
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
@@ -65,9 +72,16 @@ class TrainResult:
 
 # -- environments -------------------------------------------------------------------------------
 def build_env(
-    config: TrainConfig, num_envs: int, training: bool, obs_statistics: Any | None = None
+    config: TrainConfig,
+    num_envs: int,
+    training: bool,
+    obs_statistics: Any | None = None,
+    blocks: int = 1,
 ) -> VecEnv:
     """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation.
+
+    ``blocks`` > 1 (evaluation): the rows form that many equal blocks, each normalised with statistics of
+    its own (:class:`MemberNormalizeObservation`), for as many agents evaluated side by side.
 
     Training envs of Gymnasium ids step in ``config.num_workers`` processes, and with ``config.overlap``
     as two halves (a :class:`ConcatVecEnv` of two wrapped halves that share their statistics) for the
@@ -82,7 +96,7 @@ def build_env(
         worker_options={"max_restarts": config.worker_restarts, "step_timeout": config.worker_timeout},
     )
     if not (training and config.overlap):
-        return _wrap(env, config, training, obs_statistics, None)
+        return _wrap(env, config, training, obs_statistics, None, blocks)
     if not isinstance(env, ProcessVecEnv):
         env.close()
         raise ConfigError(
@@ -110,12 +124,15 @@ def _wrap(
     training: bool,
     obs_statistics: Any | None,
     reward_statistics: Any | None,
+    blocks: int = 1,
 ) -> VecEnv:
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env)
     if isinstance(env.single_action_space, gym.spaces.Box):
         env = RescaleAction(env)
-    if config.normalize_obs:
+    if config.normalize_obs and blocks > 1:
+        env = MemberNormalizeObservation(env, blocks, statistics=obs_statistics, update=training)
+    elif config.normalize_obs:
         env = NormalizeObservation(env, statistics=obs_statistics, update=training)
     if config.normalize_reward and training:
         env = ScaleReward(env, gamma=config.hyperparameters.gamma, statistics=reward_statistics)
@@ -284,12 +301,12 @@ class Trainer:
 
         self.steps = 0
         self.wall_offset = 0.0
+        self.stopwatch = Stopwatch()  # restarted by each train(), from wall_offset
         self.time_to_stop_return: float | None = None
         self.last_evaluation: Evaluation | None = None
         self.last_evaluation_step = -1
         self.next_eval = config.eval_every if config.eval_every else math.inf
-        self.eval_wanted = False  # evaluation process: an evaluation is due, to start when it is free
-        self.eval_snapshot: dict[str, Any] | None = None  # evaluation process: the agent it evaluates
+        self.eval_copies: dict[int, dict[str, Any]] = {}  # evaluation process: {steps: agent} sent to it
         self.next_checkpoint = config.checkpoint_every if config.checkpoint_every else math.inf
         self.next_log = 0
         self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
@@ -517,10 +534,10 @@ class Trainer:
 
     def _train(self) -> TrainResult:
         config = self.config
-        self.stopwatch = Stopwatch(self.wall_offset)
-        if self.is_main:
+        if self.is_main:  # the run's files and TensorBoard's writer are set up before the clock starts
             save_yaml(config, self.run_dir / "config.yaml")
             self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
+        self.stopwatch = Stopwatch(self.wall_offset)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
         if config.pipeline and self.env_steps_in_processes:
             iterate = self.process_pipelined_iteration
@@ -550,12 +567,13 @@ class Trainer:
                 if self.steps >= self.next_eval:
                     while self.next_eval <= self.steps:
                         self.next_eval += config.eval_every
-                    self.eval_wanted = True
                     if self.is_main and self.eval_process is None:
                         row.update(self.evaluate())
+                    elif self.is_main:
+                        self.take_snapshot()
                 if self.is_main:
                     if self.eval_process is not None:
-                        row.update(self.poll_evaluation())
+                        self.poll_evaluation()
                     reached = self.reached_stop_return()
                 if self.group is not None:  # every learner stops at the same step, or none does
                     self.sync_statistics()
@@ -609,16 +627,13 @@ class Trainer:
         if not self.is_main:
             self.save()
             return TrainResult(self.run_dir, {})
-        rows = []
-        if self.eval_process is not None and (result := self.eval_process.wait()) is not None:
-            rows.append(self.record_evaluation(*result))  # the evaluation under way, in a row of its own
-        if self.last_evaluation_step != self.steps and not reached:
-            rows.append(self.evaluate())
-        for row in rows:
-            self.reached_stop_return()
-            self.logger.log(
-                {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
-            )
+        if self.eval_process is not None and not reached:  # the evaluations under way, the final weights'
+            self.poll_evaluation(wait=True)
+            if self.last_evaluation_step != self.steps and not self.reached_stop_return():
+                self.take_snapshot()
+                self.poll_evaluation(wait=True)
+        elif self.last_evaluation_step != self.steps and not reached:
+            self.log_evaluation(self.evaluate())
         self.save()
         self.logger.close()
         plot_curve(self.run_dir, f"{config.algo.upper()} on {config.env}")
@@ -718,30 +733,32 @@ class Trainer:
         return {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
 
     def evaluate(self) -> dict[str, float]:
-        """Evaluate the current weights and wait for the result (an evaluation process must be free)."""
-        if self.eval_process is None:
-            return self.record_evaluation(self.steps, self.evaluator.evaluate(self.algorithm))
-        self.submit_evaluation()
-        return self.record_evaluation(*self.eval_process.wait())
+        """Evaluate the current weights in this process (no evaluation process)."""
+        return self.record_evaluation(self.steps, self.evaluator.evaluate(self.algorithm))
 
-    def poll_evaluation(self) -> dict[str, float]:
-        """Evaluation process: record its result if one has arrived; then, if an evaluation is due and
-        the process is free (and stop_return not reached), send it the current weights."""
-        result = self.eval_process.poll()
-        row = self.record_evaluation(*result) if result is not None else {}
-        if self.eval_wanted and not self.eval_process.busy and not self.reached_stop_return():
-            self.submit_evaluation()
-        return row
-
-    def submit_evaluation(self) -> None:
-        """Evaluation process: send it a copy of the agent now (kept, to be the best checkpoint if its
-        evaluation is the best)."""
-        self.eval_wanted = False
-        self.eval_snapshot = _to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
-        self.eval_process.submit(
-            self.steps,
-            {key: self.eval_snapshot[key] for key in ("algorithm", "obs_statistics")},
+    def log_evaluation(self, row: dict[str, float]) -> None:
+        """An evaluation's row of its own in the logs, at the current step."""
+        self.reached_stop_return()
+        self.logger.log(
+            {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
         )
+
+    def take_snapshot(self) -> None:
+        """Evaluation process: send it a CPU copy of the agent now (kept, to be the best checkpoint if its
+        evaluation is the best)."""
+        agent = _to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
+        self.eval_process.submit(self.steps, {key: agent[key] for key in ("algorithm", "obs_statistics")})
+        self.eval_copies[self.steps] = agent
+
+    def poll_evaluation(self, wait: bool = False) -> None:
+        """Evaluation process: record and log its results that have arrived (``wait``: all), in step order,
+        up to the first that reaches stop_return (training stops there)."""
+        results = self.eval_process.wait() if wait else self.eval_process.poll()
+        for steps, evaluation in results:
+            if not self.reached_stop_return():
+                self.log_evaluation(self.record_evaluation(steps, evaluation))
+        for steps in [steps for steps in self.eval_copies if steps not in self.eval_process.outstanding]:
+            del self.eval_copies[steps]  # evaluated, or skipped for newer ones
 
     def evaluated_agent_state(self) -> dict[str, Any]:
         """The agent as it is evaluated now (a pipeline's worker thread paused, its steps consumed)."""
@@ -756,8 +773,9 @@ class Trainer:
         self.last_evaluation_step = steps
         if self.evaluator.is_best(evaluation):
             if self.eval_process is not None:
-                self.eval_snapshot["progress"]["best_eval_return"] = evaluation.mean
-                self.checkpoints.save_best(self.eval_snapshot)
+                agent = self.eval_copies[steps]
+                agent["progress"]["best_eval_return"] = evaluation.mean
+                self.checkpoints.save_best(agent)
             else:
                 self.checkpoints.save_best(self.evaluated_agent_state())
         row = {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
@@ -1067,6 +1085,7 @@ def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[
         "worker_timeout",
         "torch_threads",
         "eval_process",
+        "eval_batch",
         "pipeline",
         "pipeline_queue",
         "sync_every",
