@@ -22,6 +22,7 @@ Autoreset, truncation, episode statistics, seeding and checkpointing come from
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -105,26 +106,39 @@ class CartPoleEnv(_ClassicEnv):
         self._limits = torch.tensor(
             [self.x_threshold, self.theta_threshold_radians], dtype=self.dtype, device=self.device
         )
+        # The constants as 0-dim tensors of the physics dtype: the same arithmetic as Python floats (torch
+        # rounds a Python scalar to the tensor's dtype), without wrapping and converting one on every op,
+        # which costs ~1.3 us each: a sixth of a step of a few sub-envs on a CPU.
+        constant = functools.partial(torch.tensor, dtype=self.dtype, device=self.device)
+        self._force = constant(self.force_mag), constant(-self.force_mag)
+        self._polemass_length, self._total_mass = constant(self.polemass_length), constant(self.total_mass)
+        self._gravity, self._length = constant(self.gravity), constant(self.length)
+        self._masspole, self._four_thirds, self._tau = (
+            constant(self.masspole),
+            constant(4.0 / 3.0),
+            constant(self.tau),
+        )
 
     def _reset_rows(self, mask: Tensor) -> None:
         self._set_rows(mask, self._sample(-0.05, 0.05, (self.num_envs, 4)))
 
     def _advance(self, actions: Tensor) -> tuple[Tensor, Tensor]:
         x, x_dot, theta, theta_dot = self.state.unbind(-1)  # each (N,)
-        force = torch.where(actions == 1, self.force_mag, -self.force_mag).to(self.dtype)  # (N,)
+        force = torch.where(actions == 1, *self._force)  # (N,)
         costheta = torch.cos(theta)
         sintheta = torch.sin(theta)
+        polemass_length, total_mass = self._polemass_length, self._total_mass
 
-        temp = (force + self.polemass_length * theta_dot.square() * sintheta) / self.total_mass
-        thetaacc = (self.gravity * sintheta - costheta * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * costheta.square() / self.total_mass)
+        temp = (force + polemass_length * theta_dot.square() * sintheta) / total_mass
+        thetaacc = (self._gravity * sintheta - costheta * temp) / (
+            self._length * (self._four_thirds - self._masspole * costheta.square() / total_mass)
         )
-        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        xacc = temp - polemass_length * thetaacc * costheta / total_mass
 
         # Euler, as Gymnasium's default kinematics_integrator: positions use the old velocities. One
         # multiply-add on (N, 4) rounds every element as the four scalar updates would.
         derivatives = torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1)  # (N, 4)
-        self.state = self.state + self.tau * derivatives
+        self.state = self.state + self._tau * derivatives
 
         # |x| > 2.4 or |theta| > 12 deg (abs is exact: the same test as the reference's four)
         terminated = (self.state[:, 0::2].abs() > self._limits).any(dim=-1)  # (N,)
