@@ -79,6 +79,24 @@ def test_ppo_continuous_improves_on_pendulum(tmp_path):
     assert result.summary["best_eval_return"] >= -200, result.summary
 
 
+@pytest.mark.parametrize("minibatch_size", [64, 48])  # 128 samples: 2 minibatches, or 48 + 48 + 32
+def test_ppo_update_metrics_and_the_kl_early_stop(tmp_path, minibatch_size):
+    # a large learning rate: the second epoch's ratios are far from 1, some beyond the clip range
+    config = small_config(tmp_path, minibatch_size=minibatch_size, learning_rate=0.05)
+    trainer = Trainer(config, show_progress=False)
+    try:
+        trainer.worker.collect(trainer.buffer)
+        algorithm, steps_per_epoch = trainer.algorithm, -(-128 // minibatch_size)
+        metrics = algorithm.update(trainer.buffer, progress=0.0)
+        assert metrics["gradient_steps"] == 2 * steps_per_epoch  # epochs = 2
+        assert metrics["approx_kl"] > 0 and 0 < metrics["clip_fraction"] < 1
+        assert all(torch.isfinite(value) for value in metrics.values())
+        algorithm.config.target_kl = 1e-12  # exceeded by any step: the update ends after its first epoch
+        assert algorithm.update(trainer.buffer, progress=0.0)["gradient_steps"] == steps_per_epoch
+    finally:
+        trainer.close()
+
+
 def test_run_directory_layout(tmp_path):
     result = phalanx.train(small_config(tmp_path), show_progress=False)
     run = result.run_dir

@@ -214,10 +214,9 @@ class PPO(Algorithm):
         # The per-sample scalars as rows of one tensor, so that a minibatch gathers them in one op.
         targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
 
-        # 3. Minibatch epochs.
-        metric_names: list[str] = []
-        metric_sums: torch.Tensor | None = None  # running sums of the step metrics, one host sync-free op
-        num_steps = 0
+        # 3. Minibatch epochs. The metrics are computed once, after them, from what each step kept.
+        losses: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (policy, value, entropy)
+        ratios: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ratio, log_ratio) of each step
         for _epoch in range(self.num_epochs()):
             for index in torch.randperm(batch_size, device=self.device).split(
                 self.minibatch_size(batch_size)
@@ -229,7 +228,7 @@ class PPO(Algorithm):
                 ratio = log_ratio.exp()
                 if config.normalize_advantages and len(index) > 1:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                policy_loss, policy_metrics = self.policy_loss(ratio, log_probs, mb_advantages)
+                policy_loss = self.policy_loss(ratio, log_probs, mb_advantages)
                 critic_input = minibatch_obs if critic_obs is obs else critic_obs[index]
                 value_loss = self.value_loss(self.value(critic_input), mb_old_values, mb_returns)
                 entropy_mean = entropy.mean()
@@ -240,30 +239,27 @@ class PPO(Algorithm):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer_step(self.optimizer, config.max_grad_norm)
-
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - log_ratio).mean()  # unbiased KL estimator (Schulman)
-                    step_metrics = {
-                        "policy_loss": policy_loss,
-                        "value_loss": value_loss,
-                        "entropy": entropy_mean,
-                        "approx_kl": approx_kl,
-                        **policy_metrics,
-                    }
-                    step_values = torch.stack(list(step_metrics.values()))
-                    metric_sums = step_values if metric_sums is None else metric_sums + step_values
-                metric_names = list(step_metrics)
-                num_steps += 1
-            if self.stop_early(approx_kl):
+                losses.append((policy_loss.detach(), value_loss.detach(), entropy_mean.detach()))
+                ratios.append((ratio.detach(), log_ratio.detach()))
+            if self.stop_early(*ratios[-1]):
                 break
 
-        assert metric_sums is not None
-        metrics = dict(zip(metric_names, (metric_sums / num_steps).unbind(), strict=True))
-        with torch.no_grad():
+        with torch.no_grad():  # losses: means over the gradient steps; the rest: over all their samples
+            policy_losses, value_losses, entropies = (
+                torch.stack(values) for values in zip(*losses, strict=True)
+            )
+            ratio, log_ratio = (torch.cat(values) for values in zip(*ratios, strict=True))  # every sample's
+            metrics = {
+                "policy_loss": policy_losses.mean(),
+                "value_loss": value_losses.mean(),
+                "entropy": entropies.mean(),
+                "approx_kl": ((ratio - 1) - log_ratio).mean(),  # Schulman's unbiased estimator
+                **self.ratio_metrics(ratio),
+            }
             explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
         metrics["explained_variance"] = explained
         metrics["learning_rate"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
-        metrics["gradient_steps"] = torch.tensor(float(num_steps))
+        metrics["gradient_steps"] = torch.tensor(float(len(losses)))
         return metrics
 
     # The pieces where A2C differs.
@@ -275,13 +271,14 @@ class PPO(Algorithm):
 
     def policy_loss(
         self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A), averaged; and the clipped fraction."""
+    ) -> torch.Tensor:
+        """The clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A), averaged."""
         e = self.config.clip_range
-        loss = -torch.min(ratio * advantages, ratio.clamp(1 - e, 1 + e) * advantages).mean()
-        with torch.no_grad():
-            clip_fraction = ((ratio - 1).abs() > e).float().mean()
-        return loss, {"clip_fraction": clip_fraction}
+        return -torch.min(ratio * advantages, ratio.clamp(1 - e, 1 + e) * advantages).mean()
+
+    def ratio_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Metrics of the probability ratios of every sample of every gradient step: the clipped fraction."""
+        return {"clip_fraction": ((ratio - 1).abs() > self.config.clip_range).float().mean()}
 
     def value_loss(
         self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
@@ -295,10 +292,12 @@ class PPO(Algorithm):
             loss = torch.max(loss, (clipped - returns).pow(2))
         return 0.5 * loss.mean()
 
-    def stop_early(self, approx_kl: torch.Tensor) -> bool:
+    def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
+        """After an epoch: whether the approximate KL of its last step exceeds target_kl."""
         target = self.config.target_kl
         if target is None:
             return False
+        approx_kl = ((ratio - 1) - log_ratio).mean()
         if self.group is not None:  # every learner must stop after the same epoch: decide on the mean
             approx_kl = approx_kl.reshape(1).clone()
             self.group.average([approx_kl])
@@ -339,13 +338,16 @@ class A2C(PPO):
 
     def policy_loss(
         self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return -(log_probs * advantages).mean(), {}
+    ) -> torch.Tensor:
+        return -(log_probs * advantages).mean()
+
+    def ratio_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}
 
     def value_loss(
         self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
     ) -> torch.Tensor:
         return 0.5 * (values - returns).pow(2).mean()
 
-    def stop_early(self, approx_kl: torch.Tensor) -> bool:
+    def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
         return False
