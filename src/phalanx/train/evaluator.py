@@ -265,7 +265,10 @@ class CopiesEvaluator:
             normalizer.statistics.load_state_dict(_block_statistics(copies))
         evaluator = Evaluator(self.envs[k], block_seeds(self.envs[k], [self.seed] * k, episodes))
         actor = self.algorithms[0] if k == 1 else self.algorithm_class.side_by_side(self.algorithms[:k])
-        evaluation = evaluator.evaluate(actor)
+        # Inference mode skips autograd's bookkeeping of every op (~20% of a CartPole evaluation). Its
+        # tensors refuse in-place updates outside it, so only these envs, which nothing else steps, use it.
+        with torch.inference_mode():
+            evaluation = evaluator.evaluate(actor)
         return [
             Evaluation(
                 evaluation.returns[i * episodes : (i + 1) * episodes],
