@@ -87,6 +87,7 @@ class Worker:
             raise RuntimeError("Worker.collect called before Worker.reset")
         if self.halves is not None:
             return self._collect_double_buffered(buffer, *self.halves)
+        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
             actions, log_probs, values = self.algorithm.explore(self.obs)
             next_obs, rewards, terminated, truncated, info = self.env.step(actions)
@@ -94,8 +95,9 @@ class Worker:
             buffer.add(
                 step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
             )
-            self.episodes.record(info["episode_return"], info["episode_length"], dones)
+            ended.append((info["episode_return"], info["episode_length"], dones))
             self.obs = next_obs
+        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
 
     def _collect_double_buffered(self, buffer: RolloutBuffer, first: VecEnv, second: VecEnv) -> RolloutBuffer:
@@ -109,6 +111,7 @@ class Worker:
         obs = [self.obs[:size], self.obs[size:]]
         ahead = self.algorithm.explore(obs[0])  # (actions, log_probs, values) of the first half
         first.step_async(ahead[0])
+        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
             outputs = [ahead, self.algorithm.explore(obs[1])]
             second.step_async(outputs[1][0])
@@ -132,9 +135,10 @@ class Worker:
                 dones,
                 info["final_obs"],
             )
-            self.episodes.record(info["episode_return"], info["episode_length"], dones)
+            ended.append((info["episode_return"], info["episode_length"], dones))
             obs = [next_obs[:size], next_obs[size:]]
         self.obs = torch.cat(obs)
+        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
 
     def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
