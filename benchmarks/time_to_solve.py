@@ -35,13 +35,17 @@ Same protocol on both sides:
   The zoo's linear schedules (``lin_0.001``) run over SB3's ``total_timesteps``, as with
   ``rl_zoo3.train -n <budget>``. A run that never reaches R is reported as not reached, with its steps.
 
-Evaluation interval: phalanx uses its preset's ``eval_every`` and ``eval_process`` (both presets: every
-2,048 env steps, in an evaluation process on the second core, on a copy of the weights, while
-training goes on; an evaluation starts when the one before has ended, so in practice every 2-4
-rollouts). For SB3 the interval is a multiple of its rollout (its policy only changes once per
-rollout): CartPole-v1 every 4,096 env steps (16 rollouts of 8 x 32) and Pendulum-v1 every 4,096 env
-steps (every rollout of 4 x 1024); SB3 evaluates in its training loop, as it does by design.
+Evaluation interval: phalanx uses its preset's ``eval_every`` and ``eval_process``: a copy of the
+weights every 1,024 env steps (CartPole-v1, every update) or 2,048 (Pendulum-v1, every update), each
+evaluated in an evaluation process on the second core while training goes on (copies that arrive
+while it is busy are evaluated together, side by side). For SB3 the interval is a multiple of its
+rollout (its policy only changes once per rollout): CartPole-v1 every 4,096 env steps (16 rollouts
+of 8 x 32) and Pendulum-v1 every 4,096 env steps (every rollout of 4 x 1024); SB3 evaluates in its
+training loop, as it does by design (more often costs it more than it gains: see BENCHMARKS.md).
 Override with ``--sb3-eval-every``.
+
+Seeds: CartPole-v1's time to 475 varies several-fold from seed to seed for both libraries, and a
+median of 10 seeds moves by 20-30% with the choice of seeds; ``--seeds 30`` gives a steadier figure.
 
 The benchmark measures and reports; it does not assert a time.
 """

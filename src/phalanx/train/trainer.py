@@ -570,7 +570,7 @@ class Trainer:
                     if self.is_main and self.eval_process is None:
                         row.update(self.evaluate())
                     elif self.is_main:
-                        self.take_snapshot()
+                        self.send_copy()
                 if self.is_main:
                     if self.eval_process is not None:
                         self.poll_evaluation()
@@ -630,7 +630,7 @@ class Trainer:
         if self.eval_process is not None and not reached:  # the evaluations under way, the final weights'
             self.poll_evaluation(wait=True)
             if self.last_evaluation_step != self.steps and not self.reached_stop_return():
-                self.take_snapshot()
+                self.send_copy()
                 self.poll_evaluation(wait=True)
         elif self.last_evaluation_step != self.steps and not reached:
             self.log_evaluation(self.evaluate())
@@ -743,7 +743,7 @@ class Trainer:
             {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
         )
 
-    def take_snapshot(self) -> None:
+    def send_copy(self) -> None:
         """Evaluation process: send it a CPU copy of the agent now (kept, to be the best checkpoint if its
         evaluation is the best)."""
         agent = _to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
