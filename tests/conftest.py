@@ -2,9 +2,29 @@
 
 import os
 
+import pytest
 import torch
 
 # One intra-op thread: on a loaded 2-core machine torch's OpenMP threads spin against each other and
 # small batched steps can run tens of times slower; tests measure behaviour, not speed.
 torch.set_num_threads(1)
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture
+def interrupt_update(monkeypatch):
+    """``interrupt_update(trainer, n)``: the trainer's n-th learner update raises KeyboardInterrupt, as
+    Ctrl+C during training would."""
+
+    def arm(trainer, n: int) -> None:
+        original, calls = trainer.learner.update, {"n": 0}
+
+        def update(progress):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+            return original(progress)
+
+        monkeypatch.setattr(trainer.learner, "update", update)
+
+    return arm

@@ -148,19 +148,10 @@ def test_stop_return_stops_on_a_result_from_the_evaluation_process(tmp_path):
     assert phalanx.evaluate(result.run_dir, checkpoint="best").mean >= 475
 
 
-def test_ctrl_c_and_the_end_of_training_leave_no_process_behind(tmp_path, monkeypatch):
+def test_ctrl_c_and_the_end_of_training_leave_no_process_behind(tmp_path, interrupt_update):
     trainer = Trainer(small_config(tmp_path, eval_process=True), show_progress=False)
     process = trainer.eval_process.process
-    calls = {"n": 0}
-    original = trainer.learner.update
-
-    def interrupt_on_tenth(progress):
-        calls["n"] += 1
-        if calls["n"] == 10:
-            raise KeyboardInterrupt
-        return original(progress)
-
-    monkeypatch.setattr(trainer.learner, "update", interrupt_on_tenth)
+    interrupt_update(trainer, 10)
     with pytest.raises(TrainingInterrupted):
         trainer.train()
     trainer.close()

@@ -142,17 +142,9 @@ def test_seeded_runs_repeat_and_resume_continues_exactly(tmp_path):
     assert all(torch.equal(a[k], c[k]) for k in a), "resumed parameters differ from the straight run"
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, interrupt_update):
     trainer = MultiAgentTrainer(marl_config(tmp_path), show_progress=False)
-    original, calls = trainer.learner.update, {"n": 0}
-
-    def interrupt_on_second(progress):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return original(progress)
-
-    monkeypatch.setattr(trainer.learner, "update", interrupt_on_second)
+    interrupt_update(trainer, 2)
     with pytest.raises(TrainingInterrupted, match="phalanx resume"):
         trainer.train()
     trainer.close()

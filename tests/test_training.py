@@ -167,18 +167,9 @@ def test_deployed_agent_reproduces_final_evaluation(tmp_path):
         agent.act(np.zeros(4, dtype=np.float32))
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, interrupt_update):
     trainer = Trainer(small_config(tmp_path), show_progress=False)
-    calls = {"n": 0}
-    original = trainer.learner.update
-
-    def interrupt_on_third(progress):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(progress)
-
-    monkeypatch.setattr(trainer.learner, "update", interrupt_on_third)
+    interrupt_update(trainer, 3)
     with pytest.raises(TrainingInterrupted, match="phalanx resume"):
         trainer.train()
     summary = json.loads((trainer.run_dir / "summary.json").read_text())
