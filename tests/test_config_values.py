@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,10 @@ def test_population_file_numbers_in_scientific_notation(tmp_path):
     assert config.base.total_steps == 20_000 and config.interval == 5_000
     assert config.mutations["learning_rate"].log_uniform == (1e-4, 3e-3)
     assert config.mutations["learning_rate"].min == 1e-5 and config.resources.cpus_per_member == 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file's values are the flags' defaults: typed, no tyro warning
+        config = parse_population_args([str(file), "--size", "2"])
+    assert config.size == 2 and config.interval == 5_000 and type(config.interval) is int
 
 
 @pytest.mark.parametrize(

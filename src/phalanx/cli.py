@@ -458,11 +458,12 @@ POPULATION_USAGE = """usage: phalanx population COMMAND ...
 """
 
 
-def population_cli_class(data: dict[str, Any]) -> type:
+def population_cli_class(data: dict[str, Any], where: str = "population config") -> type:
     """The population's own flags, from the PopulationConfig and Resources fields (each defined and
     documented once there); their defaults are the population file's values (``data``) if it has them."""
     import tyro
 
+    from phalanx.config import coerce
     from phalanx.population.evolution import PopulationConfig, Resources
 
     fields: list[tuple[str, Any, Any]] = []
@@ -471,7 +472,7 @@ def population_cli_class(data: dict[str, Any]) -> type:
         for f in dataclasses.fields(source):
             if f.name in ("base", "mutations", "resources"):
                 continue
-            default = values.get(f.name, f.default)
+            default = coerce(source, f.name, values[f.name], where) if f.name in values else f.default
             aliases = ("--dir",) if f.name == "directory" else ()
             annotation = Annotated[types[f.name], tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
             fields.append((f.name, annotation, dataclasses.field(default=default)))
@@ -518,7 +519,7 @@ def parse_population_args(argv: list[str]) -> Any:
         argv = argv[1:]
     positional = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[:2]))  # ALGO ENV
     rest = argv[len(positional) :]
-    cls = population_cli_class(data)
+    cls = population_cli_class(data, where)
     flags, train_args = tyro.cli(
         cls,
         args=gather_repeated(rest, cls),

@@ -319,7 +319,25 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
     refused; a bool is neither (``True`` is an int in Python); lists become tuples. A text field takes
     only text: YAML reads ``2024_01`` or ``1e3`` as a number, which must be quoted to stay as written.
     """
-    return _convert(_field_types(cls)[name], name, value, where)
+    try:
+        return _convert(_field_types(cls)[name], value)
+    except _Mismatch as mismatch:
+        default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
+        example = mismatch.example if default in (None, dataclasses.MISSING) else _plain(default)
+        hint = {
+            "text": " (quoted, so that YAML does not read it as a number, a date or true/false)",
+            "a number": " (0.001, 1e-3 and 3e-4 are numbers)",
+            "a whole number": " (1000, 1_000 and 1e3 are whole numbers)",
+        }.get(mismatch.expected, "")
+        written = (
+            f"{name}: '{example}'"
+            if isinstance(example, str)
+            else yaml.safe_dump({name: example}, default_flow_style=True, width=1000).strip()[1:-1]
+        )
+        raise ConfigError(
+            f"{where}: {name} = {mismatch.value!r} ({type(mismatch.value).__name__}) is not "
+            f"{mismatch.expected}. Write {name} as {mismatch.expected}{hint}, e.g. `{written}`."
+        ) from None
 
 
 @functools.cache
@@ -327,33 +345,37 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _convert(kind: Any, name: str, value: Any, where: str) -> Any:
+class _Mismatch(Exception):
+    def __init__(self, value: Any, expected: str, example: Any) -> None:
+        self.value, self.expected, self.example = value, expected, example
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    """``value`` as ``kind`` (see :func:`coerce`), or _Mismatch."""
     origin, arguments = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in arguments:
             return None
         options = [option for option in arguments if option is not type(None)]
-        return _convert(options[0], name, value, where) if len(options) == 1 else value
+        return _convert(options[0], value) if len(options) == 1 else value
     if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _wrong_type(name, value, where, "a list", f"{name}: [{value}, ...]")
-        items = arguments[:1] * len(value) if arguments[1:] == (Ellipsis,) else arguments
-        if len(items) != len(value):
-            raise _wrong_type(name, value, where, f"a list of {len(items)} values", f"{name}: [low, high]")
-        return tuple(_convert(item, name, element, where) for item, element in zip(items, value, strict=True))
+        sized = isinstance(value, (list, tuple))
+        items = arguments[:1] * len(value) if sized and arguments[1:] == (Ellipsis,) else arguments
+        if not sized or len(items) != len(value):
+            expected = "a list" if arguments[1:] == (Ellipsis,) else f"a list of {len(arguments)} values"
+            raise _Mismatch(value, expected, ["a", "b"])
+        return tuple(_convert(item, element) for item, element in zip(items, value, strict=True))
     if kind in (int, float):
         number = to_number(kind, value)
-        if number is not None:
-            return number
-        example = "3e-4" if kind is float else "1_000_000"
-        what = "a number" if kind is float else "a whole number"
-        raise _wrong_type(name, value, where, what, f"{name}: {example}")
+        if number is None:
+            raise _Mismatch(
+                value, "a number" if kind is float else "a whole number", 0.5 if kind is float else 1000
+            )
+        return number
     if kind is bool and not isinstance(value, bool):
-        raise _wrong_type(name, value, where, "true or false", f"{name}: true")
+        raise _Mismatch(value, "true or false", True)
     if kind is str and not isinstance(value, str):
-        raise _wrong_type(
-            name, value, where, "text", f"{name}: 'text' (quoted, so that YAML does not read it as a number)"
-        )
+        raise _Mismatch(value, "text", "my-text")
     return value
 
 
@@ -368,14 +390,6 @@ def to_number(kind: type, value: Any) -> Any:
     if isinstance(number, int):
         return number
     return int(number) if number.is_integer() else None
-
-
-def _wrong_type(name: str, value: Any, where: str, expected: str, example: str) -> ConfigError:
-    return ConfigError(
-        f"{where}: {name} = {value!r} ({type(value).__name__}) is not {expected}. Write it as "
-        f"{expected}, e.g. `{example}` (numbers may be written 0.001, 1e-3, 3e-4 or 1_000_000; a whole "
-        "number such as 1e6 counts as an integer)."
-    )
 
 
 class _Loader(yaml.SafeLoader):
