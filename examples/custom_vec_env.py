@@ -6,6 +6,11 @@ the number of envs, on CPU or GPU.
 
     python examples/custom_vec_env.py                 # trains for 300k steps
     python examples/custom_vec_env.py --total-steps 20000 --device cuda
+
+Importing this module registers ``PointMass-v0`` (and trains nothing), so the command line can use it:
+
+    phalanx train ppo PointMass-v0 --import examples.custom_vec_env --total-steps 20000
+    phalanx eval runs/PointMass-v0__ppo__...    # config.yaml names the module, eval imports it again
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class PointMassEnv(BatchedVecEnv):
         return self.state.clone()
 
 
+# Registered ids work everywhere an env id does: make_env, train, and the CLI with --import.
+register_env("PointMass-v0", PointMassEnv, overwrite=True)
+
+
 def main(argv: list[str] | None = None) -> phalanx.TrainResult:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -63,10 +72,7 @@ def main(argv: list[str] | None = None) -> phalanx.TrainResult:
     report = check_vec_env(PointMassEnv(num_envs=16, device=args.device))
     print(report)
 
-    # 2. Registered ids work everywhere an env id does: make_env, train, the CLI in this process.
-    register_env("PointMass-v0", PointMassEnv, overwrite=True)
-
-    # 3. Train PPO with 256 parallel envs.
+    # 2. Train PPO with 256 parallel envs on the id registered above.
     config = phalanx.make_config(
         "ppo",
         "PointMass-v0",
@@ -82,7 +88,7 @@ def main(argv: list[str] | None = None) -> phalanx.TrainResult:
     )
     result = phalanx.train(config)
 
-    # 4. Deploy: the agent takes raw observations and returns actions in the env's own bounds.
+    # 3. Deploy: the agent takes raw observations and returns actions in the env's own bounds.
     agent = phalanx.load_agent(result.run_dir)
     print("action at (0.5, -0.5) at rest:", agent.act(np.array([0.5, -0.5, 0.0, 0.0], dtype=np.float32)))
     return result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import itertools
 import signal
@@ -29,7 +30,7 @@ USAGE = """usage: phalanx COMMAND ...
 commands:
   train ALGO ENV [--num-envs N] [--total-steps N] [--seed S] [--device D] [--run-dir DIR]
                  [--stop-return R] [--num-workers N] [--pipeline] [--learners N]
-                 [--config FILE] [--<hyperparameter> VALUE ...]
+                 [--config FILE] [--import MODULE ...] [--<hyperparameter> VALUE ...]
                                    train an agent (phalanx train ALGO ENV --help lists every flag)
   eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
                                    evaluate a trained agent with its deterministic policy
@@ -37,7 +38,7 @@ commands:
   backtest RUN_DIR [--start DATE] [--end DATE] [--checkpoint best|latest|PATH]
                                    out-of-sample backtest of a stock trading agent
   envs                             list the environment ids
-  check-env MODULE:FACTORY [--num-envs N] [--device D] [--steps N]
+  check-env MODULE:FACTORY|ENV [--import MODULE] [--num-envs N] [--device D] [--steps N]
                                    check that your VecEnv follows the contract
   population run [POPULATION.yaml] [ALGO ENV] [--size N] [--strategy tournament|generational]
                  [--interval N] [--backend serial|process|ray|vectorized] [--address A]
@@ -108,9 +109,97 @@ def cli_config_class(algorithm: Any) -> type:
                 Annotated[int, tyro.conf.arg(aliases=("--learners",))],
                 dataclasses.field(default=1),
             ),
+            (  # --import MODULE, repeated for each module
+                "imports",
+                Annotated[tuple[str, ...], tyro.conf.arg(aliases=("--import",), metavar="MODULE ...")],
+                dataclasses.field(default=()),
+            ),
         ],
         bases=(TrainConfig,),
     )
+
+
+def number_rules() -> Any:
+    """tyro rules that read an integer flag as the config files do: ``--total-steps 1e6`` or
+    ``1_000_000`` is 1000000, ``1.5`` is refused (floats: Python's float() already reads 1e-3)."""
+    import tyro
+
+    from phalanx.config import to_number
+
+    def read_int(text: str) -> int:
+        number = to_number(int, text)
+        if number is None:
+            raise ValueError(f"{text!r} is not a whole number (1000, 1_000 and 1e3 are)")
+        return number
+
+    registry = tyro.constructors.ConstructorRegistry()
+
+    @registry.primitive_rule
+    def integers(type_info: Any) -> Any:
+        if type_info.type is not int:
+            return None
+        return tyro.constructors.PrimitiveConstructorSpec(
+            nargs=1,
+            metavar="INT",
+            instance_from_str=lambda args: read_int(args[0]),
+            is_instance=lambda value: isinstance(value, int) and not isinstance(value, bool),
+            str_from_instance=lambda value: [str(value)],
+        )
+
+    return registry
+
+
+def gather_repeated(argv: list[str], cls: type) -> list[str]:
+    """``--mutate A --mutate B`` -> ``--mutate A B``: the values of a list flag of ``cls`` (a tuple field,
+    also in its nested dataclasses) given more than once accumulate, where tyro, like argparse, would
+    keep only the last occurrence. One occurrence still replaces the default or the config file's list."""
+    from phalanx.config import to_number
+
+    flags = _list_flags(cls)
+    gathered: list[Any] = []
+    values_of: dict[str, list[str]] = {}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if token == "--":  # the rest is positional
+            gathered.extend(argv[index - 1 :])
+            break
+        flag, equals, inline = token.partition("=")
+        name = flags.get(flag)
+        if name is None:
+            gathered.append(token)
+            continue
+        values = [inline] if equals else []
+        while not equals and index < len(argv):
+            following = argv[index]
+            if following.startswith("-") and to_number(float, following) is None:  # a flag, not -1
+                break
+            values.append(following)
+            index += 1
+        if name in values_of:
+            values_of[name].extend(values)
+        else:
+            values_of[name] = values
+            gathered += [flag, values]
+    return [part for item in gathered for part in (item if isinstance(item, list) else [item])]
+
+
+def _list_flags(cls: type) -> dict[str, str]:
+    """Every spelling of the flags of ``cls``'s tuple fields (and its nested dataclasses') -> field name."""
+    flags: dict[str, str] = {}
+    for name, kind in typing.get_type_hints(cls, include_extras=True).items():
+        metadata: tuple[Any, ...] = ()
+        if typing.get_origin(kind) is Annotated:
+            kind, *extras = typing.get_args(kind)
+            metadata = tuple(extras)
+        if dataclasses.is_dataclass(kind):
+            flags.update(_list_flags(kind))
+        elif typing.get_origin(kind) in (tuple, list):
+            aliases = [alias for extra in metadata for alias in getattr(extra, "aliases", None) or ()]
+            for flag in (f"--{name}", f"--{name.replace('_', '-')}", *aliases):
+                flags[flag] = name
+    return flags
 
 
 def parse_train_args(
@@ -124,7 +213,7 @@ def parse_train_args(
     import tyro
 
     from phalanx.algos import algorithm_names, get_algorithm
-    from phalanx.config import TrainConfig, load_yaml, make_config, presets
+    from phalanx.config import TrainConfig, import_modules, load_yaml, make_config, presets
 
     positional = [a for a in argv[:2] if not a.startswith("-")]
     # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
@@ -160,13 +249,15 @@ def parse_train_args(
     base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
     parsed = tyro.cli(
         cls,
-        args=rest,
+        args=gather_repeated(rest, cls),
         default=cls(**base),
         prog=f"{prog} {algorithm.name} {env or 'ENV'}",
         description=f"Train {algorithm.name.upper()} on {env or 'ENV'} (defaults include the preset).",
         config=(tyro.conf.OmitArgPrefixes,),
+        registry=number_rules(),
     )
     config = TrainConfig(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(TrainConfig)})
+    import_modules(config.imports, "arguments")
     config.validate()
     return config
 
@@ -308,26 +399,47 @@ def cmd_check_env(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="phalanx check-env", description="Check a VecEnv factory against the phalanx VecEnv contract."
     )
-    parser.add_argument("factory", help="module.path:callable returning a phalanx VecEnv")
+    parser.add_argument(
+        "factory",
+        metavar="FACTORY_OR_ENV",
+        help="module.path:callable returning a phalanx VecEnv, or an env id (one registered in Python "
+        "with --import MODULE)",
+    )
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, e.g. one that calls register_env (repeatable)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path.cwd()))
+    from phalanx.config import import_modules
     from phalanx.envs.check import check_vec_env
-    from phalanx.envs.registry import load_factory
+    from phalanx.envs.registry import BACKENDS, load_factory, make_env
 
-    factory = load_factory(args.factory)
-    accepted = inspect.signature(factory).parameters
-    kwargs = {k: v for k, v in (("num_envs", args.num_envs), ("device", args.device)) if k in accepted}
+    import_modules(args.imports, "arguments")
+    prefix, colon, _ = args.factory.partition(":")
+    if not colon or prefix in ("gym", *BACKENDS):  # an env id, as `phalanx train` takes it
+        factory: Any = functools.partial(make_env, args.factory)
+        call = f"make_env({args.factory!r}, num_envs={args.num_envs}, device={args.device!r})"
+        kwargs = {"num_envs": args.num_envs, "device": args.device}
+    else:
+        factory = load_factory(args.factory)
+        accepted = inspect.signature(factory).parameters
+        kwargs = {k: v for k, v in (("num_envs", args.num_envs), ("device", args.device)) if k in accepted}
+        call = f"{args.factory}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     try:
         env = factory(**kwargs)
     except PhalanxError:
         raise
     except Exception as error:
         raise PhalanxError(
-            f"{args.factory}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) raised "
-            f"{type(error).__name__}: {error}. The factory must build and return the VecEnv."
+            f"{call} raised {type(error).__name__}: {error}. The factory must build and return the VecEnv."
         ) from None
     report = check_vec_env(env, num_steps=args.steps)
     Console().print(f"[green]ok[/]: {args.factory} follows the VecEnv contract. {report}", highlight=False)
@@ -346,11 +458,12 @@ POPULATION_USAGE = """usage: phalanx population COMMAND ...
 """
 
 
-def population_cli_class(data: dict[str, Any]) -> type:
+def population_cli_class(data: dict[str, Any], where: str = "population config") -> type:
     """The population's own flags, from the PopulationConfig and Resources fields (each defined and
     documented once there); their defaults are the population file's values (``data``) if it has them."""
     import tyro
 
+    from phalanx.config import coerce
     from phalanx.population.evolution import PopulationConfig, Resources
 
     fields: list[tuple[str, Any, Any]] = []
@@ -359,11 +472,14 @@ def population_cli_class(data: dict[str, Any]) -> type:
         for f in dataclasses.fields(source):
             if f.name in ("base", "mutations", "resources"):
                 continue
-            default = values.get(f.name, f.default)
+            default = coerce(source, f.name, values[f.name], where) if f.name in values else f.default
             aliases = ("--dir",) if f.name == "directory" else ()
             annotation = Annotated[types[f.name], tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
             fields.append((f.name, annotation, dataclasses.field(default=default)))
-    mutate_help = "NAME=KIND:ARGS (repeatable), e.g. learning_rate=perturb:0.8,1.2 or gamma=steps:0.95,0.99"
+    mutate_help = (
+        "NAME=KIND:ARGS (repeatable; the kinds given for one NAME combine), e.g. "
+        "learning_rate=log_uniform:1e-4,1e-2 --mutate learning_rate=perturb:0.8,1.25 or gamma=steps:0.95,0.99"
+    )
     fields.append(
         ("mutate", Annotated[tuple[str, ...], tyro.conf.arg(help=mutate_help)], dataclasses.field(default=()))
     )
@@ -394,7 +510,7 @@ def parse_population_args(argv: list[str]) -> Any:
     import tyro
 
     from phalanx.config import load_yaml
-    from phalanx.population.evolution import PopulationConfig, Resources
+    from phalanx.population.evolution import Mutation, PopulationConfig, Resources
 
     data: dict[str, Any] = {}
     where = "arguments"
@@ -403,14 +519,16 @@ def parse_population_args(argv: list[str]) -> Any:
         argv = argv[1:]
     positional = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[:2]))  # ALGO ENV
     rest = argv[len(positional) :]
+    cls = population_cli_class(data, where)
     flags, train_args = tyro.cli(
-        population_cli_class(data),
-        args=rest,
+        cls,
+        args=gather_repeated(rest, cls),
         return_unknown_args=True,
         prog="phalanx population run",
         description="Population flags; the train flags of `phalanx train ALGO ENV --help` set the members' "
         "base config (a population file's base, if given, first).",
         config=(tyro.conf.OmitArgPrefixes,),
+        registry=number_rules(),
     )
     base = dict(data.get("base") or {})
     if len(positional) < 2:
@@ -421,13 +539,15 @@ def parse_population_args(argv: list[str]) -> Any:
     )
     resource_names = {f.name for f in dataclasses.fields(Resources)}
     mutations = dict(data.get("mutations") or {})
+    flagged: dict[str, dict[str, Any]] = {}  # a flag replaces the file's mutation of that name
     for spec in flags.mutate:
         name, equals, kind = spec.partition("=")
         if not equals:
             raise PhalanxError(
                 f"--mutate {spec!r}: expected NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2"
             )
-        mutations[name.strip()] = kind
+        flagged.setdefault(name.strip(), {}).update(Mutation.spec_from_text(kind))
+    mutations.update(flagged)
     settings = {k: v for k, v in vars(flags).items() if k != "mutate" and k not in resource_names}
     resources = {k: v for k, v in vars(flags).items() if k in resource_names}
     config = PopulationConfig.from_dict(

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import re
+import types
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -118,6 +123,10 @@ class TrainConfig:
     """Include the replay buffer in checkpoints (off-policy), so that a resume continues exactly."""
     torch_threads: int = 0
     """torch.set_num_threads for this run (0: leave torch's default)."""
+    imports: tuple[str, ...] = ()
+    """Python modules to import before the env is built, e.g. one that calls register_env (--import
+    MODULE, repeatable; found from the current directory or the Python path). Stored in config.yaml,
+    so that eval, resume, backtest and load_agent import them again."""
     hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)
     """The algorithm's hyperparameters."""
 
@@ -301,12 +310,121 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _coerce(cls: type, name: str, value: Any) -> Any:
-    """YAML gives lists where the dataclass wants tuples."""
-    field_type = {f.name: f.type for f in dataclasses.fields(cls)}[name]
-    if isinstance(value, list) and "tuple" in str(field_type):
-        return tuple(value)
+def coerce(cls: type, name: str, value: Any, where: str) -> Any:
+    """``value`` as the type of the field ``name`` of the dataclass ``cls``, or a ConfigError naming the
+    field, ``where`` it was set, and the fix.
+
+    Numbers written as text (``"1e-3"``, ``"1_000_000"``) are numbers; an int is a float where a float
+    is wanted; a float with no fractional part (``1e6``) is an int where an int is wanted, 1.5 is
+    refused; a bool is neither (``True`` is an int in Python); lists become tuples. A text field takes
+    only text: YAML reads ``2024_01`` or ``1e3`` as a number, which must be quoted to stay as written.
+    """
+    try:
+        return _convert(_field_types(cls)[name], value)
+    except _Mismatch as mismatch:
+        default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
+        example = mismatch.example if default in (None, dataclasses.MISSING) else _plain(default)
+        hint = {
+            "text": " (quoted, so that YAML does not read it as a number, a date or true/false)",
+            "a number": " (0.001, 1e-3 and 3e-4 are numbers)",
+            "a whole number": " (1000, 1_000 and 1e3 are whole numbers)",
+        }.get(mismatch.expected, "")
+        written = (
+            f"{name}: '{example}'"
+            if isinstance(example, str)
+            else yaml.safe_dump({name: example}, default_flow_style=True, width=1000).strip()[1:-1]
+        )
+        raise ConfigError(
+            f"{where}: {name} = {mismatch.value!r} ({type(mismatch.value).__name__}) is not "
+            f"{mismatch.expected}. Write {name} as {mismatch.expected}{hint}, e.g. `{written}`."
+        ) from None
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class _Mismatch(Exception):
+    def __init__(self, value: Any, expected: str, example: Any) -> None:
+        self.value, self.expected, self.example = value, expected, example
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    """``value`` as ``kind`` (see :func:`coerce`), or _Mismatch."""
+    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in arguments:
+            return None
+        options = [option for option in arguments if option is not type(None)]
+        return _convert(options[0], value) if len(options) == 1 else value
+    if origin is tuple:
+        sized = isinstance(value, (list, tuple))
+        items = arguments[:1] * len(value) if sized and arguments[1:] == (Ellipsis,) else arguments
+        if not sized or len(items) != len(value):
+            expected = "a list" if arguments[1:] == (Ellipsis,) else f"a list of {len(arguments)} values"
+            raise _Mismatch(value, expected, ["a", "b"])
+        return tuple(_convert(item, element) for item, element in zip(items, value, strict=True))
+    if kind in (int, float):
+        number = to_number(kind, value)
+        if number is None:
+            raise _Mismatch(
+                value, "a number" if kind is float else "a whole number", 0.5 if kind is float else 1000
+            )
+        return number
+    if kind is bool and not isinstance(value, bool):
+        raise _Mismatch(value, "true or false", True)
+    if kind is str and not isinstance(value, str):
+        raise _Mismatch(value, "text", "my-text")
     return value
+
+
+def to_number(kind: type, value: Any) -> Any:
+    """``value`` as ``kind`` (int or float), or None if it is not one: text is read as in YAML
+    (``"1e-3"``, ``"1_000"``), a float with no fractional part is an int, a bool is not a number."""
+    number = parse_scalar(value) if isinstance(value, str) else value
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        return None
+    if kind is float:
+        return float(number)
+    if isinstance(number, int):
+        return number
+    return int(number) if number.is_integer() else None
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats: ``1e-3`` and ``1.0e5`` are numbers (YAML 1.1, which
+    PyYAML follows, wants a dot and a signed exponent, so it reads them as text)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML ``text`` as Python values; every YAML phalanx reads goes through here (config files,
+    config.yaml of runs, population files, presets, the values of CLI specs such as --mutate)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def parse_scalar(text: str) -> Any:
+    """One value written as in YAML: ``"1e-4"`` -> 0.0001, ``"1_000"`` -> 1000, ``"tanh"`` -> "tanh"."""
+    try:
+        return parse_yaml(text)
+    except yaml.YAMLError:
+        return text
+
+
+def import_modules(modules: Iterable[str], where: str) -> None:
+    """Import the modules a config names in ``imports`` (those that register its env ids), with the
+    current directory on the Python path; an error names the module and ``where`` it was asked for."""
+    from phalanx.envs.registry import import_user_module
+
+    for module in modules:
+        import_user_module(module, f"{where}: imports")
 
 
 def presets(algo: str) -> dict[str, dict[str, Any]]:
@@ -314,7 +432,7 @@ def presets(algo: str) -> dict[str, dict[str, Any]]:
     path = resources.files("phalanx") / "presets" / f"{algo}.yaml"
     if not path.is_file():
         return {}
-    return yaml.safe_load(path.read_text()) or {}
+    return parse_yaml(path.read_text()) or {}
 
 
 def make_config(
@@ -348,8 +466,10 @@ def make_config(
         if key not in hp_fields:
             _unknown_key(key, hp_fields, algorithm.name, where)
     hyperparameters = algorithm.config_class(
-        **{k: _coerce(algorithm.config_class, k, v) for k, v in hp_values.items()}
+        **{k: coerce(algorithm.config_class, k, v, where) for k, v in hp_values.items()}
     )
+    run_values = {k: coerce(TrainConfig, k, v, where) for k, v in run_values.items()}
+    import_modules(run_values.get("imports", ()), where)
     return TrainConfig(algo=algorithm.name, env=env, hyperparameters=hyperparameters, **run_values)
 
 
@@ -376,7 +496,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict, with errors that name the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError(
             f"config file {str(path)!r} does not exist. Check the path passed to --config."

@@ -21,6 +21,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -131,8 +132,8 @@ def _unknown(env_id: str) -> EnvError:
     return EnvError(
         f"Unknown environment id {env_id!r}: it is not a built-in phalanx env, not registered with "
         f"phalanx.envs.register_env, and not in Gymnasium's registry.{_elsewhere(env_id)}{_suggest(env_id)} "
-        "Run `phalanx envs` to list every available id. If the id comes from a third-party package, import "
-        "that package first so that it registers its ids with Gymnasium."
+        "Run `phalanx envs` to list every available id. If the id is registered by a module of yours or a "
+        "third-party package, import it first (on the command line: --import MODULE)."
     )
 
 
@@ -235,11 +236,46 @@ def make_env(
     return env
 
 
-def load_factory(spec: str) -> Callable[..., Any]:
-    """The callable named by ``"package.module:attribute"`` (``attribute`` may be dotted).
+def import_user_module(module_name: str, context: str) -> Any:
+    """Import the user's module ``module_name``, or raise an EnvError that starts with ``context``.
 
     The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
     the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
+    """
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = ".".join(Path(module_name).with_suffix("").parts)
+        raise EnvError(
+            f"{context}: {module_name!r} is a file path, expected a module name such as {dotted!r} (the "
+            "path from the current directory or the Python path, dots for slashes, without .py)."
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
+            raise EnvError(
+                f"{context}: module {module_name!r} not found (looked in the current "
+                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
+                "that contains it, or install the package that provides it."
+            ) from None
+        raise EnvError(
+            f"{context}: importing {module_name!r} failed because it imports "
+            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
+        raise EnvError(
+            f"{context}: importing {module_name!r} raised {type(error).__name__}: {error}. "
+            "Fix the error in that module (run `python -c 'import "
+            f"{module_name}'` to see the traceback)."
+        ) from None
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The callable named by ``"package.module:attribute"`` (``attribute`` may be dotted).
+
+    The module is imported by :func:`import_user_module`, from the current directory or the Python path.
     """
     module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not sep or not module_name or not attr or ":" in attr:
@@ -248,28 +284,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
             "function make_my_env in my_envs.py (the module must be importable from the current directory "
             "or the Python path)."
         )
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
-            raise EnvError(
-                f"Bad env factory {spec!r}: module {module_name!r} not found (looked in the current "
-                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
-                "that contains it, or install the package that provides it."
-            ) from None
-        raise EnvError(
-            f"Bad env factory {spec!r}: importing {module_name!r} failed because it imports "
-            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
-        ) from None
-    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
-        raise EnvError(
-            f"Bad env factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}. "
-            "Fix the error in that module (run `python -c 'import "
-            f"{module_name}'` to see the traceback)."
-        ) from None
+    module = import_user_module(module_name, f"Bad env factory {spec!r}")
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from phalanx.config import TrainConfig, _is_int, check, load_yaml
+from phalanx.config import TrainConfig, _is_int, check, coerce, load_yaml, parse_scalar
 from phalanx.errors import ConfigError
 
 STRATEGIES = ("tournament", "generational")
@@ -47,13 +47,21 @@ class Mutation:
     max: float | None = None
     resample_probability: float = 0.25
 
+    @staticmethod
+    def spec_from_text(text: str) -> dict[str, Any]:
+        """The mapping a CLI spec ``KIND:ARGS`` stands for: ``log_uniform:1e-4,1e-2`` ->
+        ``{"log_uniform": [0.0001, 0.01]}``, ``min:1e-5`` -> ``{"min": 1e-05}`` (values read as in YAML)."""
+        kind, _, arguments = text.partition(":")
+        kind = kind.strip()
+        values = [parse_scalar(value.strip()) for value in arguments.split(",") if value.strip()]
+        takes_one = kind in ("min", "max", "resample_probability")
+        return {kind: values[0] if takes_one and len(values) == 1 else values}
+
     @classmethod
     def from_spec(cls, name: str, spec: Any, where: str) -> Mutation:
         """From YAML (a mapping) or the CLI's ``KIND:ARGS`` string, e.g. ``perturb:0.8,1.2``."""
         if isinstance(spec, str):
-            kind, _, arguments = spec.partition(":")
-            values = [yaml.safe_load(value) for value in arguments.split(",") if value.strip()]
-            spec = {kind.strip(): values}
+            spec = cls.spec_from_text(spec)
         if not isinstance(spec, dict):
             raise ConfigError(
                 f"{where}: mutation of {name!r} must be a mapping such as {{perturb: [0.8, 1.2], min: 1e-5}} "
@@ -65,8 +73,8 @@ class Mutation:
             raise ConfigError(
                 f"{where}: mutation of {name!r} has unknown keys {unknown}; valid keys: {valid}."
             )
-        values = {key: tuple(value) if isinstance(value, list) else value for key, value in spec.items()}
-        return cls(**values)
+        where = f"{where}: mutation of {name!r}"
+        return cls(**{key: coerce(cls, key, value, where) for key, value in spec.items()})
 
     def validate(self, name: str, base_value: Any) -> None:
         def fail(what: str) -> None:
@@ -111,21 +119,21 @@ class Mutation:
     def initial(self, base_value: Any, rng: random.Random) -> Any:
         """A member's starting value: drawn from the distribution or list if there is one, else the base."""
         if self.choices is not None or self.uniform is not None or self.log_uniform is not None:
-            return self._resample(base_value, rng)
+            return _like(base_value, self._resample(base_value, rng))
         if self.steps is not None:
-            return rng.choice(self.steps)
+            return _like(base_value, rng.choice(self.steps))
         return base_value
 
     def mutate(self, value: Any, rng: random.Random) -> Any:
         """The value after explore: resample, perturb, or step along the list."""
         can_resample = self.choices is not None or self.uniform is not None or self.log_uniform is not None
         if can_resample and (self.perturb is None or rng.random() < self.resample_probability):
-            return self._resample(value, rng)
+            return _like(value, self._resample(value, rng))
         if self.perturb is not None:
             return self._bound(value * rng.choice(self.perturb), value)
         index = _nearest_index(self.steps, value)
         index = min(max(index + rng.choice((-1, 1)), 0), len(self.steps) - 1)
-        return self.steps[index]
+        return _like(value, self.steps[index])
 
     def _resample(self, value: Any, rng: random.Random) -> Any:
         if self.choices is not None:
@@ -141,6 +149,12 @@ class Mutation:
         if self.max is not None:
             new = min(new, self.max)
         return max(1, round(new)) if _is_int(old) else float(new)
+
+
+def _like(reference: Any, value: Any) -> Any:
+    """A listed value of a float hyperparameter as a float (``choices: [0, 0.01]`` gives 0.0, not the
+    int 0, which a later perturb would round as an integer)."""
+    return float(value) if isinstance(reference, float) and _is_int(value) else value
 
 
 def _nearest_index(values: tuple[Any, ...], value: Any) -> int:
@@ -344,8 +358,13 @@ class PopulationConfig:
         return cls(
             base=TrainConfig.from_dict(base, where=f"{where}: base"),
             mutations={name: Mutation.from_spec(name, spec, where) for name, spec in mutations.items()},
-            resources=Resources(**resources),
-            **data,
+            resources=Resources(
+                **{
+                    key: coerce(Resources, key, value, f"{where}: resources")
+                    for key, value in resources.items()
+                }
+            ),
+            **{key: coerce(cls, key, value, where) for key, value in data.items()},
         )
 
     @classmethod
