@@ -32,7 +32,7 @@ def test_train_eval_resume_round_trip(tmp_path, capsys):
     assert f"run directory: {run}\n" in out  # whole, to be copied, however long (the terminal wraps it)
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 1024
     code, out = run_cli(capsys, "eval", str(run), "--episodes", "3")
-    assert code == 0 and "return mean" in out
+    assert code == 0 and "return mean" in out and f"run directory: {run} (checkpoint: best)\n" in out
     code, out = run_cli(capsys, "resume", str(run), "--total-steps", "2048")
     assert code == 0, out
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 2048

@@ -220,7 +220,7 @@ def cmd_eval(argv: list[str]) -> int:
     from phalanx.agent import evaluate
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
-    table = Table(title=f"evaluation of {args.run_dir} ({args.checkpoint})", show_header=False)
+    table = Table(title="deterministic evaluation", show_header=False)
     table.add_row("episodes", str(len(evaluation.returns)))
     table.add_row("return mean", f"{evaluation.mean:.3f}")
     table.add_row("return std", f"{evaluation.std:.3f}")
@@ -232,12 +232,16 @@ def cmd_eval(argv: list[str]) -> int:
             table.add_row(f"team {name} return", f"{value:.3f}")
         for name, value in evaluation.agents.items():
             table.add_row(f"agent {name} return", f"{value:.3f}")
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    out.print(
+        f"run directory: {args.run_dir} (checkpoint: {args.checkpoint})", highlight=False, soft_wrap=True
+    )
     if args.video:
         from phalanx.video import record_video
 
         path = record_video(args.run_dir, args.checkpoint)
-        console.print(f"video: {path}")
+        console.print(f"video: {path}", highlight=False, soft_wrap=True)
     return 0
 
 
