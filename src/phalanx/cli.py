@@ -514,7 +514,10 @@ def _scale(argv: list[str]) -> int:
     write_text_atomic(
         board.directory / "control.json", json.dumps({"max_concurrent": args.max_concurrent}) + "\n"
     )
-    console.print(f"max_concurrent = {args.max_concurrent} written to {board.directory / 'control.json'}")
+    console.print(
+        f"max_concurrent = {args.max_concurrent} written to {board.directory / 'control.json'}",
+        soft_wrap=True,
+    )
     return 0
 
 
