@@ -252,7 +252,7 @@ def run_phalanx(
         }
     summary = json.loads(summary_path.read_text())
     config = read_yaml(run_dir / "config.yaml")
-    for file in ("summary.json", "metrics.csv", "config.yaml"):  # keep these, drop the checkpoints
+    for file in ("summary.json", "metrics.csv", "evaluations.csv", "config.yaml"):  # not the checkpoints
         shutil.copy(run_dir / file, log_dir / f"{name}-{file}")
     shutil.rmtree(run_dir.parent, ignore_errors=True)
     reached = summary["time_to_stop_return_s"] is not None

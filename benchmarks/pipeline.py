@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, seed: int, ratio: float, pipeline: bool, root:
     result = phalanx.train(phalanx.make_config("sac", args.env, **overrides), show_progress=False)
     summary = result.summary
     with (result.run_dir / "metrics.csv").open() as file:
-        rows = [row for row in csv.DictReader(file) if not row.get("eval_return_mean")]
+        rows = list(csv.DictReader(file))  # the training rows (evaluations are in evaluations.csv)
     return {
         "seed": seed,
         "updates_per_step": ratio,

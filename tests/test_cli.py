@@ -26,15 +26,32 @@ def run_cli(capsys, *argv):
 
 
 def test_train_eval_resume_round_trip(tmp_path, capsys):
-    run = tmp_path / "run"
+    run = tmp_path / ("run_with_a_name_that_does_not_fit_one_line_" * 2)
     code, out = run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))
     assert code == 0, out
+    assert f"run directory: {run}\n" in out  # whole, to be copied, however long (the terminal wraps it)
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 1024
     code, out = run_cli(capsys, "eval", str(run), "--episodes", "3")
-    assert code == 0 and "return mean" in out
+    assert code == 0 and "return mean" in out and f"run directory: {run} (checkpoint: best)\n" in out
     code, out = run_cli(capsys, "resume", str(run), "--total-steps", "2048")
     assert code == 0, out
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 2048
+
+
+def test_train_and_resume_exit_1_when_stop_return_is_not_reached(tmp_path, capsys):
+    reached, missed = tmp_path / "reached", tmp_path / "missed"
+    code, out = run_cli(
+        capsys, "train", "ppo", "CartPole-v1", *SMALL, "--stop-return", "0", "--run-dir", str(reached)
+    )
+    assert code == 0, out
+    code, out = run_cli(capsys, "resume", str(reached), "--total-steps", "2048")
+    assert code == 0, out
+    code, out = run_cli(
+        capsys, "train", "ppo", "CartPole-v1", *SMALL, "--stop-return", "1e9", "--run-dir", str(missed)
+    )
+    assert code == 1, out
+    code, out = run_cli(capsys, "resume", str(missed), "--total-steps", "2048")
+    assert code == 1, out
 
 
 def test_preset_and_flags_and_config_file_compose(tmp_path):

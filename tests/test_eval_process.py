@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import csv
 import multiprocessing
 import os
 import signal
@@ -12,12 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from matplotlib.axes import Axes
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import phalanx
 from phalanx.envs.registry import register_env, unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.evaluator import CopiesEvaluator, EvaluationProcess
+from phalanx.train.logging import plot_curve, read_table
 from phalanx.train.trainer import Trainer, TrainingInterrupted
 
 sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name
@@ -35,7 +37,9 @@ def weights(run_dir, which):
     return load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))["algorithm"]["policy"]
 
 
-def test_training_is_the_same_and_the_evaluations_match_the_in_process_evaluator(tmp_path):
+def test_training_is_the_same_and_every_evaluation_is_logged_at_the_step_of_its_weights(
+    tmp_path, monkeypatch
+):
     inline = phalanx.train(small_config(tmp_path, "inline"), show_progress=False)
     separate = phalanx.train(small_config(tmp_path, "process", eval_process=True), show_progress=False)
     a, b = weights(inline.run_dir, "latest"), weights(separate.run_dir, "latest")
@@ -44,15 +48,28 @@ def test_training_is_the_same_and_the_evaluations_match_the_in_process_evaluator
     assert separate.summary["eval_steps"] == separate.summary["total_steps"] == 4096
     assert separate.summary["eval_return_mean"] == pytest.approx(inline.summary["eval_return_mean"], rel=1e-6)
 
-    with open(separate.run_dir / "metrics.csv") as file:
-        rows = [row for row in csv.DictReader(file) if row["eval_return_mean"]]
-    # Every copy taken (each eval_every = 512 steps) was evaluated, those that waited side by side.
-    assert [int(row["eval_steps"]) for row in rows] == list(range(512, 4097, 512))
-    assert all(int(row["eval_steps"]) <= int(row["steps"]) for row in rows)
+    # Every copy taken (each eval_every = 512 steps) was evaluated, those that waited side by side, and
+    # each is logged at the step of its weights (not the step its result came in): one row and one
+    # TensorBoard value per step, and the same points on curve.png.
+    rows = read_table(separate.run_dir / "evaluations.csv")
+    assert [int(row["steps"]) for row in rows] == list(range(512, 4097, 512))
+    assert all(row["wall_time_s"] <= row["result_wall_time_s"] for row in rows)
+    events = EventAccumulator(str(separate.run_dir))
+    events.Reload()
+    assert [event.step for event in events.Scalars("eval/return_mean")] == list(range(512, 4097, 512))
+    plotted, plot = [], Axes.plot
+
+    def recorded_plot(axis, x, y, **kwargs):
+        plotted.append((kwargs["label"], list(x)))
+        return plot(axis, x, y, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", recorded_plot)
+    plot_curve(separate.run_dir, "curve")
+    assert ("evaluation (deterministic)", list(range(512, 4097, 512))) in plotted
     # The best checkpoint holds the weights that were evaluated, not those of the step the result came in.
-    best = [row for row in rows if float(row["eval_return_mean"]) == separate.summary["best_eval_return"]][0]
+    best = [row for row in rows if row["eval_return_mean"] == separate.summary["best_eval_return"]][0]
     state = load_checkpoint(phalanx.agent._checkpoint_path(separate.run_dir, "best"))
-    assert state["progress"]["steps"] == int(best["eval_steps"])
+    assert state["progress"]["steps"] == separate.summary["best_eval_steps"] == int(best["steps"])
     assert state["progress"]["best_eval_return"] == separate.summary["best_eval_return"]
     again = phalanx.evaluate(separate.run_dir, episodes=3, checkpoint="best")
     assert again.mean == pytest.approx(separate.summary["best_eval_return"], rel=1e-5)

@@ -122,13 +122,13 @@ def _random_policy_return(episodes: int = 512) -> float:
 def test_run_directory_and_per_agent_summary(tmp_path):
     result = phalanx.train(marl_config(tmp_path, env="simple_tag", eval_every=1_000), show_progress=False)
     run_dir = result.run_dir
-    for name in ("config.yaml", "metrics.csv", "summary.json", "curve.png"):
+    for name in ("config.yaml", "metrics.csv", "evaluations.csv", "summary.json", "curve.png"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["eval_agent_returns"]) == {"adversary_0", "adversary_1", "adversary_2", "agent_0"}
     assert set(summary["eval_team_returns"]) == {"adversary", "agent"}
     assert summary["eval_return_mean"] == pytest.approx(summary["eval_team_returns"]["adversary"])
-    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    header = (run_dir / "evaluations.csv").read_text().splitlines()[0].split(",")
     assert "eval_return/agent_0" in header and "eval_team_return/agent" in header
 
 

@@ -12,6 +12,7 @@ import yaml
 import phalanx
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import load_checkpoint
+from phalanx.train.logging import read_table
 from phalanx.train.trainer import Trainer, TrainingInterrupted
 
 
@@ -100,7 +101,7 @@ def test_ppo_update_metrics_and_the_kl_early_stop(tmp_path, minibatch_size):
 def test_run_directory_layout(tmp_path):
     result = phalanx.train(small_config(tmp_path), show_progress=False)
     run = result.run_dir
-    for name in ("config.yaml", "metrics.csv", "curve.png", "summary.json"):
+    for name in ("config.yaml", "metrics.csv", "evaluations.csv", "curve.png", "summary.json"):
         assert (run / name).is_file(), name
     assert list(run.glob("events.out.tfevents.*"))
     assert (run / "checkpoints" / "best" / "state.pt").is_file()
@@ -117,6 +118,28 @@ def test_run_directory_layout(tmp_path):
     assert config["hyperparameters"]["horizon"] == 16
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert header[:3] == ["steps", "wall_time_s", "steps_per_second"]
+
+
+def test_metrics_and_evaluations_are_one_tidy_table_each(tmp_path):
+    """metrics.csv: a training row per log step, with all of its columns; evaluations.csv: a row per
+    evaluation, keyed by the step of the weights evaluated. A resume drops the rows a run logged after
+    the checkpoint it goes on from (then was killed), so each step is in each table once."""
+    run = phalanx.train(small_config(tmp_path, total_steps=1024), show_progress=False).run_dir
+    for name in ("metrics.csv", "evaluations.csv"):  # logged after the last checkpoint, before a kill
+        header = (run / name).read_text().splitlines()[0]
+        with (run / name).open("a") as file:
+            file.write("1280" + "," * header.count(",") + "\n")
+    phalanx.resume(run, total_steps=2048, show_progress=False)
+
+    training = read_table(run / "metrics.csv")
+    assert [row["steps"] for row in training] == [128, *range(256, 2049, 256)]
+    for key in ("wall_time_s", "steps_per_second", "updates", "updates_per_second", "policy_loss"):
+        assert all(key in row for row in training), key
+    assert not [key for row in training for key in row if key.startswith("eval")]
+    evaluations = read_table(run / "evaluations.csv")
+    assert [row["steps"] for row in evaluations] == [1024, 2048]
+    columns = ["steps", "wall_time_s", "eval_return_mean", "eval_return_std", "eval_length_mean"]
+    assert all(list(row) == [*columns, "result_wall_time_s"] for row in evaluations)
 
 
 def test_checkpoint_rotation_keeps_the_last_few(tmp_path):

@@ -268,14 +268,24 @@ def cmd_train(argv: list[str]) -> int:
     config = parse_train_args(argv)
     try:
         result = train(
-            config, on_run_dir=lambda path: console.print(f"run directory: [bold]{path}[/]", highlight=False)
+            config,
+            on_run_dir=lambda path: console.print(
+                f"run directory: [bold]{escape(str(path))}[/]", highlight=False, soft_wrap=True
+            ),
         )
     except TrainingInterrupted as interrupted:
-        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
+        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
         return 130
-    if not result.summary:  # a learner other than learner 0 under torchrun: learner 0 reports
-        return 0
-    return 0 if config.stop_return is None or result.summary["time_to_stop_return_s"] is not None else 1
+    return training_exit_code(result.summary)
+
+
+def training_exit_code(summary: dict[str, Any]) -> int:
+    """How `phalanx train` and `phalanx resume` exit when training ends (Ctrl+C: 130): 1 if the run has a
+    stop_return (--stop-return) that no evaluation reached, else 0. An empty ``summary`` is a learner
+    other than learner 0 under torchrun, which leaves the verdict to learner 0: 0."""
+    if summary and summary["stop_return"] is not None and summary["time_to_stop_return_s"] is None:
+        return 1
+    return 0
 
 
 # -- eval / resume --------------------------------------------------------------------------------
@@ -301,7 +311,7 @@ def cmd_eval(argv: list[str]) -> int:
     from phalanx.agent import evaluate
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
-    table = Table(title=f"evaluation of {args.run_dir} ({args.checkpoint})", show_header=False)
+    table = Table(title="deterministic evaluation", show_header=False)
     table.add_row("episodes", str(len(evaluation.returns)))
     table.add_row("return mean", f"{evaluation.mean:.3f}")
     table.add_row("return std", f"{evaluation.std:.3f}")
@@ -313,12 +323,16 @@ def cmd_eval(argv: list[str]) -> int:
             table.add_row(f"team {name} return", f"{value:.3f}")
         for name, value in evaluation.agents.items():
             table.add_row(f"agent {name} return", f"{value:.3f}")
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    out.print(
+        f"run directory: {args.run_dir} (checkpoint: {args.checkpoint})", highlight=False, soft_wrap=True
+    )
     if args.video:
         from phalanx.video import record_video
 
         path = record_video(args.run_dir, args.checkpoint)
-        console.print(f"video: {path}")
+        console.print(f"video: {path}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -332,11 +346,11 @@ def cmd_resume(argv: list[str]) -> int:
     from phalanx.train.trainer import TrainingInterrupted, resume
 
     try:
-        resume(args.run_dir, args.total_steps)
+        result = resume(args.run_dir, args.total_steps)
     except TrainingInterrupted as interrupted:
-        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
+        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
         return 130
-    return 0
+    return training_exit_code(result.summary)
 
 
 def cmd_backtest(argv: list[str]) -> int:
@@ -564,9 +578,9 @@ def cmd_population(argv: list[str]) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     from phalanx.population import PopulationInterrupted, resume_population, run_population
-    from phalanx.population.leaderboard import Leaderboard
+    from phalanx.population.leaderboard import Leaderboard, format_score
 
-    say = lambda text: console.print(escape(text), highlight=False)  # noqa: E731
+    say = lambda text: console.print(escape(text), highlight=False, soft_wrap=True)  # noqa: E731
     try:
         if command == "run":
             config = parse_population_args(rest)
@@ -576,6 +590,7 @@ def cmd_population(argv: list[str]) -> int:
         elif command == "status":
             board = Leaderboard.load(_one_directory("status", rest))
             Console().print(board.table())
+            say(f"population directory: {board.directory}")
             return 0
         elif command == "report":
             board = Leaderboard.load(_one_directory("report", rest))
@@ -589,7 +604,8 @@ def cmd_population(argv: list[str]) -> int:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
     Console().print(Leaderboard.load(result.directory).table())
-    say(f"best member: {result.best_member} (score {result.best_score}); run directory {result.best_run_dir}")
+    say(f"best member: {result.best_member}, score {format_score(result.best_score)}")
+    say(f"best member's run directory: {result.best_run_dir}")
     say(f"report: {result.directory / 'report'}")
     return 0
 
@@ -618,7 +634,10 @@ def _scale(argv: list[str]) -> int:
     write_text_atomic(
         board.directory / "control.json", json.dumps({"max_concurrent": args.max_concurrent}) + "\n"
     )
-    console.print(f"max_concurrent = {args.max_concurrent} written to {board.directory / 'control.json'}")
+    console.print(
+        f"max_concurrent = {args.max_concurrent} written to {board.directory / 'control.json'}",
+        soft_wrap=True,
+    )
     return 0
 
 

@@ -168,31 +168,47 @@ class Leaderboard:
 
     # -- views -----------------------------------------------------------------------------------
     def table(self) -> Any:
-        """The ranking as a rich Table: best score first, then the members without a score."""
+        """The ranking, best score first, then the members without a score, as a rich renderable: a table
+        of the numbers, then each member's hyperparameters (and why it was removed) on lines of their
+        own, which wrap to the terminal's width (nothing is cut). The directory is not in it: print it on
+        a line of its own, whole."""
+        from rich import box
+        from rich.console import Group
+        from rich.padding import Padding
         from rich.table import Table
 
-        table = Table(title=f"population {self.directory}")
-        for column in ("rank", "member", "score", "steps", "status", "copies", "hyperparameters"):
-            table.add_column(
-                column, justify="right" if column in ("rank", "score", "steps", "copies") else "left"
-            )
+        ranking = Table(
+            title="population ranking",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
+        )
+        for column in ("rank", "member", "score", "steps", "status", "copies"):
+            justify = "left" if column in ("member", "status") else "right"
+            ranking.add_column(column, justify=justify, overflow="fold")
+        details = Table.grid(padding=(0, 2))  # member, then its hyperparameters
+        details.add_column(no_wrap=True)
+        details.add_column()
         copies = {m: sum(1 for e in self.lineage if e["member"] == m) for m in self.members}
         ordered = sorted(
             self.members.values(),
             key=lambda m: (m.status == "removed", m.score is None, -(m.score or 0.0), m.id),
         )
         for rank, member in enumerate(ordered, start=1):
-            status = member.status + (f" ({member.reason})" if member.reason else "")
-            table.add_row(
+            ranking.add_row(
                 str(rank),
                 member.id,
-                "-" if member.score is None else f"{member.score:.2f}",
+                format_score(member.score),
                 f"{member.steps:,}",
-                status,
+                member.status,
                 str(copies[member.id]),
-                ", ".join(f"{k}={_short(v)}" for k, v in member.hyperparameters.items()),
             )
-        return table
+            text = format_hyperparameters(member.hyperparameters) or "-"
+            details.add_row(
+                member.id, text + (f"; {member.status}: {member.reason}" if member.reason else "")
+            )
+        return Group(ranking, "hyperparameters:", Padding(details, (0, 0, 0, 2)))
 
     def best_schedule(self) -> list[dict[str, Any]]:
         """The best member's hyperparameters over its whole history: its own schedule back to its last
@@ -312,6 +328,16 @@ class Leaderboard:
         figure.tight_layout()
         figure.savefig(out / "lineage.png", dpi=100)
         plt.close(figure)
+
+
+def format_score(score: float | None) -> str:
+    """A score as tables and messages show it: 2 decimals, '-' for none."""
+    return "-" if score is None else f"{score:.2f}"
+
+
+def format_hyperparameters(values: dict[str, Any], separator: str = ", ") -> str:
+    """``name=value`` of each hyperparameter, floats to 3 significant digits."""
+    return separator.join(f"{name}={_short(value)}" for name, value in values.items())
 
 
 def _short(value: Any) -> str:

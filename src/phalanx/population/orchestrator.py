@@ -43,7 +43,7 @@ from phalanx.population.evolution import (
     split,
     tournament_donor,
 )
-from phalanx.population.leaderboard import Leaderboard, MemberRecord
+from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
 from phalanx.train.trainer import picklable_factory
 
 MEMBER_SEED_STRIDE = 10_000
@@ -170,7 +170,7 @@ class Orchestrator:
             "spawn",
             record.id,
             f"{reason}; copies the strongest, {parent.id} (score {_score(parent.score)}), "
-            f"with {hyperparameters}",
+            f"with {format_hyperparameters(hyperparameters)}",
         )
         return record
 
@@ -351,7 +351,10 @@ class Orchestrator:
         self.board.copied(member.id, donor.id, kind, before, after)
         self.board.set_hyperparameters(member.id, after)
         self.decide(
-            kind, member.id, f"{why}; copies {donor.id} (score {_score(donor.score)}) and mutates to {after}"
+            kind,
+            member.id,
+            f"{why}; copies {donor.id} (score {_score(donor.score)}) "
+            f"and mutates to {format_hyperparameters(after)}",
         )
 
     def decide(self, event: str, member: str | None, reason: str, **details: Any) -> None:
@@ -526,7 +529,7 @@ class VectorizedRun:
                 kind,
                 member,
                 f"score {_score(scores[member])} {why}; copies {donor} (score {_score(scores[donor])}) "
-                f"and mutates to {after}",
+                f"and mutates to {format_hyperparameters(after)}",
             )
 
     def finish(self) -> PopulationResult:
@@ -621,4 +624,4 @@ def _say(show_progress: bool) -> Callable[[str], None] | None:
     from rich.markup import escape
 
     console = Console(stderr=True)
-    return lambda message: console.print(escape(message), highlight=False)
+    return lambda message: console.print(escape(message), highlight=False, soft_wrap=True)  # paths whole

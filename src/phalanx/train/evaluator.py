@@ -38,14 +38,16 @@ class Evaluation:
 
 
 class BestReturn:
-    """The best evaluation mean so far (which evaluation's weights the best checkpoint holds)."""
+    """The best evaluation mean so far and the step of the weights that had it (which evaluation's weights
+    the best checkpoint holds)."""
 
     best_return: float = -math.inf
+    best_steps: int | None = None
 
-    def is_best(self, evaluation: Evaluation) -> bool:
-        """Record ``evaluation``; true if its mean is the best so far."""
+    def is_best(self, evaluation: Evaluation, steps: int) -> bool:
+        """Record ``evaluation`` of the weights of step ``steps``; true if its mean is the best so far."""
         if evaluation.mean > self.best_return:
-            self.best_return = evaluation.mean
+            self.best_return, self.best_steps = evaluation.mean, steps
             return True
         return False
 

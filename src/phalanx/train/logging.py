@@ -1,115 +1,154 @@
-"""Run logging: metrics.csv, TensorBoard, a rich progress display, and the learning curve."""
+"""Run logging: metrics.csv, evaluations.csv, TensorBoard, a rich progress display, and the learning curve."""
 
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-FIRST_COLUMNS = [
+from phalanx.train.checkpoint import write_text_atomic
+
+TRAINING_COLUMNS = [
     "steps",
     "wall_time_s",
     "steps_per_second",
+    "updates",
+    "updates_per_second",
+    "episodes",
     "episode_return_mean",
     "episode_length_mean",
+]
+EVALUATION_COLUMNS = [
+    "steps",
+    "wall_time_s",
     "eval_return_mean",
     "eval_return_std",
+    "eval_length_mean",
+    "result_wall_time_s",
 ]
 
 
-class RunLogger:
-    """Writes one row per log step to metrics.csv and TensorBoard, and shows live progress.
+class StepTable:
+    """A CSV file of rows keyed by ``steps``: ``first_columns``, then every other key in the order it first
+    appears (sorted within a row), empty where a row has none. A key that appears after rows were written
+    (off-policy losses start after the warm-up) widens the file once.
 
-    Columns are the fixed first ones plus every metric seen so far, empty where a row has none; when
-    a new metric appears (off-policy losses start after the warm-up) the file is rewritten once with
-    the wider header. A resumed run appends to the existing file.
+    Opened on an existing file (a resumed run), it keeps the rows up to ``steps``, the step the run goes
+    on from, and drops the later ones: they were logged after the checkpoint it resumes and will be
+    logged again.
+    """
+
+    def __init__(self, path: Path, first_columns: list[str], steps: int) -> None:
+        self.path = path
+        self.columns = list(first_columns)
+        if not path.is_file():  # written with the first row
+            return
+        rows, header = self._read()
+        self.columns += [column for column in header if column not in self.columns]
+        kept = [row for row in rows if row.get("steps") and float(row["steps"]) <= steps]
+        if len(kept) < len(rows) or header != self.columns:
+            self._rewrite(kept)
+
+    def append(self, row: dict[str, Any]) -> None:
+        new = sorted(key for key in row if key not in self.columns)
+        if new or not self.path.is_file():
+            rows = self._read()[0] if self.path.is_file() else []
+            self.columns += new
+            self._rewrite(rows)
+        with self.path.open("a", newline="") as file:
+            csv.writer(file).writerow(["" if row.get(key) is None else row[key] for key in self.columns])
+
+    def _read(self) -> tuple[list[dict[str, str]], list[str]]:
+        with self.path.open(newline="") as file:
+            reader = csv.DictReader(file)
+            return list(reader), list(reader.fieldnames or [])
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self.columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(self.path, text.getvalue())
+
+
+def read_table(path: Path) -> list[dict[str, float]]:
+    """The rows of a :class:`StepTable` file as numbers (empty cells left out); [] if there is none."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as file:
+        return [{key: float(value) for key, value in row.items() if value} for row in csv.DictReader(file)]
+
+
+class RunLogger:
+    """Logs a run: training rows to metrics.csv, evaluations to evaluations.csv, both to TensorBoard, and
+    shows live progress.
+
+    metrics.csv has one row per log step (:data:`TRAINING_COLUMNS`, then the algorithm's losses and
+    statistics); evaluations.csv one row per evaluation, keyed by the step of the weights evaluated
+    (:data:`EVALUATION_COLUMNS`, then a multi-agent run's per-agent returns), which with an evaluation
+    process is some steps before the result came in. TensorBoard gets every number at the step it belongs
+    to. ``steps`` is the step the run starts (or resumes) from.
     """
 
     def __init__(
-        self, run_dir: Path, total_steps: int, show_progress: bool = True, tensorboard: bool = True
+        self,
+        run_dir: Path,
+        total_steps: int,
+        steps: int = 0,
+        show_progress: bool = True,
+        tensorboard: bool = True,
+        console: Console | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.csv_path = self.run_dir / "metrics.csv"
-        self.columns: list[str] | None = None
-        if self.csv_path.is_file():
-            with self.csv_path.open() as file:
-                header = file.readline().strip()
-            self.columns = header.split(",") if header else None
+        self.training = StepTable(self.run_dir / "metrics.csv", TRAINING_COLUMNS, steps)
+        self.evaluations = StepTable(self.run_dir / "evaluations.csv", EVALUATION_COLUMNS, steps)
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.run_dir))
-        self.console = Console(stderr=True)
-        self.progress: Progress | None = None
-        self.total_steps = total_steps
-        self.last_return = "-"
+        self.console = console or Console(stderr=True)
+        self.progress: TrainingProgress | None = None
         if show_progress:
-            self.progress = Progress(
-                TextColumn("[bold]training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("steps"),
-                TextColumn("{task.fields[fps]} env steps/s"),
-                TextColumn("{task.fields[ups]} updates/s"),
-                TextColumn("return {task.fields[ret]}"),
-                TimeElapsedColumn(),
-                console=self.console,
-                transient=False,
-            )
-            self.task = self.progress.add_task("train", total=total_steps, fps="-", ups="-", ret="-")
+            self.progress = TrainingProgress(total_steps, steps, self.console)
             self.progress.start()
 
     def log(self, row: dict[str, Any]) -> None:
+        """A training row (``steps``, ``wall_time_s``, rates, episode means, the algorithm's metrics)."""
         row = {key: _scalar(value) for key, value in row.items()}
-        if self.columns is None:
-            self.columns = list(FIRST_COLUMNS)
-            with self.csv_path.open("w", newline="") as file:
-                csv.writer(file).writerow(self.columns)
-        new = sorted(key for key in row if key not in self.columns)
-        if new:
-            self._widen(new)
-        with self.csv_path.open("a", newline="") as file:
-            csv.writer(file).writerow(["" if row.get(key) is None else row.get(key) for key in self.columns])
-        if self.writer is not None:
-            step = int(row["steps"])
-            for key, value in row.items():
-                if key != "steps" and isinstance(value, (int, float)) and value is not None:
-                    self.writer.add_scalar(_tensorboard_tag(key), value, step)
+        self.training.append(row)
+        self._tensorboard(row, ("steps",))
         if self.progress is not None:
-            recent = row.get("eval_return_mean") or row.get("episode_return_mean")
-            if recent is not None:
-                self.last_return = f"{recent:.1f}"
-            fps, ups = row.get("steps_per_second"), row.get("updates_per_second")
-            self.progress.update(
-                self.task,
-                completed=min(int(row["steps"]), self.total_steps),
-                fps=f"{fps:,.0f}" if fps else "-",
-                ups=f"{ups:,.0f}" if ups is not None else "-",
-                ret=self.last_return,
-            )
+            self.progress.training(row)
 
-    def _widen(self, new_columns: list[str]) -> None:
-        """Rewrite metrics.csv with ``new_columns`` added (earlier rows get empty cells)."""
-        with self.csv_path.open(newline="") as file:
-            rows = list(csv.DictReader(file))
-        self.columns = [*self.columns, *new_columns]
-        temporary = self.csv_path.with_name(self.csv_path.name + ".tmp")
-        with temporary.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=self.columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temporary, self.csv_path)
+    def log_evaluation(self, row: dict[str, Any]) -> None:
+        """An evaluation row: ``steps`` and ``wall_time_s`` of the weights evaluated, ``eval_*`` results and
+        ``result_wall_time_s``, when the result was in."""
+        row = {key: _scalar(value) for key, value in row.items()}
+        self.evaluations.append(row)
+        self._tensorboard(row, ("steps", "wall_time_s", "result_wall_time_s"))
+        if self.progress is not None:
+            self.progress.evaluation(row)
+
+    def _tensorboard(self, row: dict[str, Any], skip: tuple[str, ...]) -> None:
+        if self.writer is None:
+            return
+        step = int(row["steps"])
+        for key, value in row.items():
+            if key not in skip and isinstance(value, (int, float)):
+                self.writer.add_scalar(_tensorboard_tag(key), value, step)
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -120,25 +159,97 @@ class RunLogger:
             self.writer = None
 
     def summary_table(self, summary: dict[str, Any]) -> None:
-        table = Table(title="phalanx run summary", show_header=False)
-        for key in (
-            "env",
-            "algo",
-            "seed",
-            "total_steps",
-            "wall_time_s",
-            "steps_per_second",
-            "time_to_stop_return_s",
-            "eval_return_mean",
-            "eval_return_std",
-            "best_eval_return",
-            "run_dir",
-        ):
-            value = summary.get(key)
-            if isinstance(value, float):
-                value = f"{value:,.3f}" if abs(value) < 1e6 else f"{value:,.0f}"
-            table.add_row(key, "-" if value is None else str(value))
-        Console().print(table)
+        print_summary(summary, Console())
+
+
+class TrainingProgress(Progress):
+    """The live display: a bar with the steps done of the budget and the elapsed time, and under it the
+    latest rates and returns, each with its label and the step it is from, packed into as many lines as
+    the terminal's width needs (nothing cut)."""
+
+    def __init__(self, total_steps: int, steps: int, console: Console) -> None:
+        self.numbers: dict[str, str] = {}  # what the line under the bar shows, by kind
+        super().__init__(
+            TextColumn("[bold]training"),
+            BarColumn(bar_width=None),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+            TimeElapsedColumn(),
+            console=console,
+            expand=True,
+        )
+        self.task = self.add_task("train", total=total_steps, completed=steps)
+
+    def training(self, row: dict[str, Any]) -> None:
+        steps = int(row["steps"])
+        if row.get("steps_per_second") is not None:
+            self.numbers["steps_per_second"] = f"{row['steps_per_second']:,.0f} env steps/s"
+        if row.get("updates_per_second") is not None:
+            self.numbers["updates_per_second"] = f"{row['updates_per_second']:,.0f} updates/s"
+        if row.get("episode_return_mean") is not None:
+            self.numbers["train_return"] = f"train return {row['episode_return_mean']:.1f} (step {steps:,})"
+        self.update(self.task, completed=steps)
+
+    def evaluation(self, row: dict[str, Any]) -> None:
+        self.numbers["eval_return"] = (
+            f"eval return {row['eval_return_mean']:.1f} (step {int(row['steps']):,})"
+        )
+        self.refresh()
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.numbers:
+            yield PackedLine(list(self.numbers.values()))
+
+
+class PackedLine:
+    """Items side by side, two spaces apart, wrapped between items (never inside one) to the width."""
+
+    def __init__(self, items: list[str]) -> None:
+        self.items = items
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = ""
+        for item in self.items:
+            if line and len(line) + 2 + len(item) > options.max_width:
+                yield Text(line)
+                line = ""
+            line = f"{line}  {item}" if line else item
+        yield Text(line)
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    """The run's summary.json as a table of labelled numbers, then the run directory on a line of its own
+    (whole, to be copied: a long one wraps as the terminal wraps it)."""
+    table = Table(title="phalanx run summary", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("env", summary["env"])
+    table.add_row("algorithm", summary["algo"])
+    table.add_row("seed", str(summary["seed"]))
+    table.add_row("env steps", f"{summary['total_steps']:,}")
+    table.add_row("wall time", f"{summary['wall_time_s']:,.1f} s")
+    table.add_row("env steps/s", f"{summary['steps_per_second']:,.0f}")
+    stop, reached = summary["stop_return"], summary["time_to_stop_return_s"]
+    if stop is not None:
+        table.add_row(
+            "stop return",
+            f"{stop:g} reached after {reached:,.1f} s" if reached is not None else f"{stop:g} not reached",
+        )
+    if summary["eval_return_mean"] is not None:
+        table.add_row(
+            "eval return",
+            f"{summary['eval_return_mean']:.1f} ± {summary['eval_return_std']:.1f}"
+            + _of_step(summary["eval_steps"]),
+        )
+        table.add_row(
+            "best eval return", f"{summary['best_eval_return']:.1f}" + _of_step(summary["best_eval_steps"])
+        )
+    console.print(table)
+    console.print(f"run directory: {summary['run_dir']}", highlight=False, soft_wrap=True)
+
+
+def _of_step(steps: int | None) -> str:
+    return "" if steps is None else f" (step {steps:,})"  # None: a checkpoint saved before it was recorded
 
 
 def _scalar(value: Any) -> Any:
@@ -160,44 +271,46 @@ def _tensorboard_tag(key: str) -> str:
 
 
 def plot_curve(run_dir: Path, title: str) -> Path | None:
-    """Draw curve.png from metrics.csv: training episode return and evaluation return vs steps."""
-    csv_path = Path(run_dir) / "metrics.csv"
-    if not csv_path.is_file():
+    """Draw curve.png: the training episodes' mean return (metrics.csv) and the evaluations' (evaluations.csv,
+    at the steps of the weights evaluated) against env steps."""
+    run_dir = Path(run_dir)
+    training = [r for r in read_table(run_dir / "metrics.csv") if "episode_return_mean" in r]
+    evaluations = [r for r in read_table(run_dir / "evaluations.csv") if "eval_return_mean" in r]
+    if not training and not evaluations:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with csv_path.open() as file:
-        rows = list(csv.DictReader(file))
-
-    def series(key: str) -> tuple[list[float], list[float]]:
-        points = [(float(r["steps"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
-        return [p[0] for p in points], [p[1] for p in points]
-
     figure, axis = plt.subplots(figsize=(7, 4.2), dpi=110)
-    steps, values = series("episode_return_mean")
-    if steps:
-        axis.plot(steps, values, label="training episodes (stochastic)", alpha=0.7)
-    steps, values = series("eval_return_mean")
-    if steps:
-        std = series("eval_return_std")[1]
-        axis.plot(steps, values, marker="o", label="evaluation (deterministic)")
-        if len(std) == len(values):
-            axis.fill_between(
-                steps,
-                [v - s for v, s in zip(values, std, strict=True)],
-                [v + s for v, s in zip(values, std, strict=True)],
-                alpha=0.2,
-            )
+    if training:
+        steps = [r["steps"] for r in training]
+        axis.plot(
+            steps,
+            [r["episode_return_mean"] for r in training],
+            label="training episodes (stochastic)",
+            alpha=0.7,
+        )
+    if evaluations:
+        evaluations.sort(key=lambda r: r["steps"])
+        steps = [r["steps"] for r in evaluations]
+        means = [r["eval_return_mean"] for r in evaluations]
+        stds = [r.get("eval_return_std", 0.0) for r in evaluations]
+        axis.plot(steps, means, marker="o", label="evaluation (deterministic)")
+        axis.fill_between(
+            steps,
+            [m - s for m, s in zip(means, stds, strict=True)],
+            [m + s for m, s in zip(means, stds, strict=True)],
+            alpha=0.2,
+        )
     axis.set_xlabel("environment steps")
     axis.set_ylabel("episode return")
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(loc="lower right")
     figure.tight_layout()
-    path = Path(run_dir) / "curve.png"
+    path = run_dir / "curve.png"
     figure.savefig(path)
     plt.close(figure)
     return path

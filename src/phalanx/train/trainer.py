@@ -430,6 +430,7 @@ class Trainer:
                 "updates": self.learner.updates,
                 "wall_time_s": self.stopwatch(),
                 "best_eval_return": self.evaluator.best_return,
+                "best_eval_steps": self.evaluator.best_steps,
                 "time_to_stop_return_s": self.time_to_stop_return,
                 "next_eval": self.next_eval,
                 "next_checkpoint": self.next_checkpoint,
@@ -451,6 +452,7 @@ class Trainer:
         self.wall_offset = progress["wall_time_s"]
         if self.evaluator is not None:
             self.evaluator.best_return = progress["best_eval_return"]
+            self.evaluator.best_steps = progress.get("best_eval_steps")  # absent before it was saved
         self.time_to_stop_return = progress["time_to_stop_return_s"]
         self.next_eval = progress["next_eval"]
         self.next_checkpoint = progress["next_checkpoint"]
@@ -536,7 +538,7 @@ class Trainer:
         config = self.config
         if self.is_main:  # the run's files and TensorBoard's writer are set up before the clock starts
             save_yaml(config, self.run_dir / "config.yaml")
-            self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
+            self.logger = RunLogger(self.run_dir, config.total_steps, self.steps, self.show_progress)
         self.stopwatch = Stopwatch(self.wall_offset)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
         if config.pipeline and self.env_steps_in_processes:
@@ -563,12 +565,11 @@ class Trainer:
             while self.steps < config.total_steps and not reached:
                 metrics = iterate() or metrics
 
-                row: dict[str, Any] = {}
                 if self.steps >= self.next_eval:
                     while self.next_eval <= self.steps:
                         self.next_eval += config.eval_every
                     if self.is_main and self.eval_process is None:
-                        row.update(self.evaluate())
+                        self.log_evaluation(self.evaluate())
                     elif self.is_main:
                         self.send_copy()
                 if self.is_main:
@@ -585,7 +586,7 @@ class Trainer:
                 if not self.is_main:
                     while self.next_log <= self.steps:
                         self.next_log += config.log_every
-                elif self.steps >= self.next_log or row:
+                elif self.steps >= self.next_log:
                     now = self.stopwatch()
                     elapsed = max(now - last_time, 1e-9)
                     row = {
@@ -597,7 +598,6 @@ class Trainer:
                         **self.worker.episodes.read(),
                         **self.read_policy_lag(),
                         **metrics,
-                        **row,
                     }
                     self.logger.log(row)
                     last_time, last_steps, last_updates = now, self.steps, self.learner.updates
@@ -734,14 +734,13 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate the current weights in this process (no evaluation process)."""
-        return self.record_evaluation(self.steps, self.evaluator.evaluate(self.algorithm))
+        wall_time = self.stopwatch()
+        return self.record_evaluation(self.steps, wall_time, self.evaluator.evaluate(self.algorithm))
 
     def log_evaluation(self, row: dict[str, float]) -> None:
-        """An evaluation's row of its own in the logs, at the current step."""
+        """An evaluation's row in evaluations.csv and TensorBoard, at the step of the weights evaluated."""
         self.reached_stop_return()
-        self.logger.log(
-            {"steps": self.steps, "wall_time_s": self.stopwatch(), "updates": self.learner.updates, **row}
-        )
+        self.logger.log_evaluation({**row, "result_wall_time_s": self.stopwatch()})
 
     def send_copy(self) -> None:
         """Evaluation process: send it a CPU copy of the agent now (kept, to be the best checkpoint if its
@@ -756,7 +755,8 @@ class Trainer:
         results = self.eval_process.wait() if wait else self.eval_process.poll()
         for steps, evaluation in results:
             if not self.reached_stop_return():
-                self.log_evaluation(self.record_evaluation(steps, evaluation))
+                wall_time = self.eval_copies[steps]["progress"]["wall_time_s"]
+                self.log_evaluation(self.record_evaluation(steps, wall_time, evaluation))
         for steps in [steps for steps in self.eval_copies if steps not in self.eval_process.outstanding]:
             del self.eval_copies[steps]  # evaluated, or skipped for newer ones
 
@@ -767,21 +767,25 @@ class Trainer:
         with self.pipeline_drained():  # the worker thread would move the observation statistics
             return self.agent_state()
 
-    def record_evaluation(self, steps: int, evaluation: Evaluation) -> dict[str, float]:
-        """Take an evaluation of the weights of step ``steps``; a new best is saved as the best checkpoint."""
+    def record_evaluation(self, steps: int, wall_time: float, evaluation: Evaluation) -> dict[str, float]:
+        """Take an evaluation of the weights of step ``steps`` (taken ``wall_time`` seconds into the run); a
+        new best is saved as the best checkpoint. Returns its row of evaluations.csv."""
         self.last_evaluation = evaluation
         self.last_evaluation_step = steps
-        if self.evaluator.is_best(evaluation):
+        if self.evaluator.is_best(evaluation, steps):
             if self.eval_process is not None:
                 agent = self.eval_copies[steps]
-                agent["progress"]["best_eval_return"] = evaluation.mean
+                agent["progress"].update(best_eval_return=evaluation.mean, best_eval_steps=steps)
                 self.checkpoints.save_best(agent)
             else:
                 self.checkpoints.save_best(self.evaluated_agent_state())
-        row = {"eval_return_mean": evaluation.mean, "eval_return_std": evaluation.std}
-        if self.eval_process is not None:  # the weights evaluated are some steps behind the row's
-            row["eval_steps"] = steps
-        return row
+        return {
+            "steps": steps,
+            "wall_time_s": wall_time,
+            "eval_return_mean": evaluation.mean,
+            "eval_return_std": evaluation.std,
+            "eval_length_mean": sum(evaluation.lengths) / len(evaluation.lengths),
+        }
 
     def reached_stop_return(self) -> bool:
         stop = self.config.stop_return
@@ -790,8 +794,9 @@ class Trainer:
         if self.time_to_stop_return is None:
             self.time_to_stop_return = self.stopwatch()
             self.logger.message(
-                f"reached stop_return {stop} (evaluation mean {self.last_evaluation.mean:.1f}) "
-                f"after {self.steps:,} steps in {self.time_to_stop_return:.1f} s"
+                f"reached stop_return {stop:g}: eval return {self.last_evaluation.mean:.1f} of the weights "
+                f"of step {self.last_evaluation_step:,} (result in at step {self.steps:,}, after "
+                f"{self.time_to_stop_return:.1f} s)"
             )
         return True
 
@@ -815,6 +820,7 @@ class Trainer:
             "eval_episodes": len(evaluation.returns) if evaluation else 0,
             "eval_steps": self.last_evaluation_step if evaluation else None,
             "best_eval_return": self.evaluator.best_return if evaluation else None,
+            "best_eval_steps": self.evaluator.best_steps if evaluation else None,
             "buffer_bytes": self.buffer.nbytes,
             "interrupted": interrupted,
             "error": error,
