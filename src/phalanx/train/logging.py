@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from phalanx.files import append_line, atomic_write, write_text_atomic
 
 FIRST_COLUMNS = [
     "steps",
@@ -71,13 +73,13 @@ class RunLogger:
         row = {key: _scalar(value) for key, value in row.items()}
         if self.columns is None:
             self.columns = list(FIRST_COLUMNS)
-            with self.csv_path.open("w", newline="") as file:
-                csv.writer(file).writerow(self.columns)
+            write_text_atomic(self.csv_path, _csv_line(self.columns) + "\n")
         new = sorted(key for key in row if key not in self.columns)
         if new:
             self._widen(new)
-        with self.csv_path.open("a", newline="") as file:
-            csv.writer(file).writerow(["" if row.get(key) is None else row.get(key) for key in self.columns])
+        append_line(
+            self.csv_path, _csv_line(["" if row.get(key) is None else row.get(key) for key in self.columns])
+        )
         if self.writer is not None:
             step = int(row["steps"])
             for key, value in row.items():
@@ -101,12 +103,10 @@ class RunLogger:
         with self.csv_path.open(newline="") as file:
             rows = list(csv.DictReader(file))
         self.columns = [*self.columns, *new_columns]
-        temporary = self.csv_path.with_name(self.csv_path.name + ".tmp")
-        with temporary.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=self.columns, restval="")
+        with atomic_write(self.csv_path, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self.columns, restval="", lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(temporary, self.csv_path)
 
     def message(self, text: str) -> None:
         self.console.print(text)
@@ -139,6 +139,12 @@ class RunLogger:
                 value = f"{value:,.3f}" if abs(value) < 1e6 else f"{value:,.0f}"
             table.add_row(key, "-" if value is None else str(value))
         Console().print(table)
+
+
+def _csv_line(values: list[Any]) -> str:
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(values)
+    return line.getvalue()
 
 
 def _scalar(value: Any) -> Any:
@@ -198,7 +204,8 @@ def plot_curve(run_dir: Path, title: str) -> Path | None:
     axis.legend(loc="lower right")
     figure.tight_layout()
     path = Path(run_dir) / "curve.png"
-    figure.savefig(path)
+    with atomic_write(path, "wb") as file:
+        figure.savefig(file, format="png")
     plt.close(figure)
     return path
 

@@ -44,6 +44,7 @@ from phalanx.envs.wrappers import (
     find_wrapper,
 )
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.files import write_text_atomic
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.learner import (
@@ -822,9 +823,7 @@ class Trainer:
             "latest_checkpoint": str(self.checkpoints.latest()) if self.checkpoints.latest() else None,
             **self.extra_summary(),
         }
-        temporary = self.run_dir / "summary.json.tmp"
-        temporary.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(temporary, self.run_dir / "summary.json")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def extra_summary(self) -> dict[str, Any]:
