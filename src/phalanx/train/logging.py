@@ -31,24 +31,29 @@ class RunLogger:
 
     Columns are the fixed first ones plus every metric seen so far, empty where a row has none; when
     a new metric appears (off-policy losses start after the warm-up) the file is rewritten once with
-    the wider header. A resumed run appends to the existing file.
+    the wider header. A run resumed at ``steps`` appends to the existing file, after dropping the rows
+    of later steps (a run killed after its last checkpoint logged them; they are logged again), and
+    TensorBoard hides its events of those steps.
     """
 
     def __init__(
-        self, run_dir: Path, total_steps: int, show_progress: bool = True, tensorboard: bool = True
+        self,
+        run_dir: Path,
+        total_steps: int,
+        show_progress: bool = True,
+        tensorboard: bool = True,
+        steps: int = 0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.csv_path = self.run_dir / "metrics.csv"
         self.columns: list[str] | None = None
         if self.csv_path.is_file():
-            with self.csv_path.open() as file:
-                header = file.readline().strip()
-            self.columns = header.split(",") if header else None
+            self._drop_rows_after(steps)
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.run_dir))
+            self.writer = SummaryWriter(str(self.run_dir), purge_step=steps + 1 if steps else None)
         self.console = Console(stderr=True)
         self.progress: Progress | None = None
         self.total_steps = total_steps
@@ -97,6 +102,21 @@ class RunLogger:
                 ups=f"{ups:,.0f}" if ups is not None else "-",
                 ret=self.last_return,
             )
+
+    def _drop_rows_after(self, steps: int) -> None:
+        """Read the header of metrics.csv, and rewrite it without the rows after ``steps`` (and without a
+        last row a kill cut short)."""
+        text = self.csv_path.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        reader = csv.DictReader(io.StringIO(whole))
+        rows = list(reader)
+        self.columns = list(reader.fieldnames) if reader.fieldnames else None
+        kept = [row for row in rows if int(row["steps"]) <= steps]
+        if self.columns is not None and (len(kept) < len(rows) or whole != text):
+            with atomic_write(self.csv_path, "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.columns, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(kept)
 
     def _widen(self, new_columns: list[str]) -> None:
         """Rewrite metrics.csv with ``new_columns`` added (earlier rows get empty cells)."""

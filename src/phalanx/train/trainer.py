@@ -537,7 +537,9 @@ class Trainer:
         config = self.config
         if self.is_main:  # the run's files and TensorBoard's writer are set up before the clock starts
             save_yaml(config, self.run_dir / "config.yaml")
-            self.logger = RunLogger(self.run_dir, config.total_steps, show_progress=self.show_progress)
+            self.logger = RunLogger(
+                self.run_dir, config.total_steps, show_progress=self.show_progress, steps=self.steps
+            )
         self.stopwatch = Stopwatch(self.wall_offset)
         iterate = self.on_policy_iteration if self.algorithm.on_policy else self.off_policy_iteration
         if config.pipeline and self.env_steps_in_processes:
