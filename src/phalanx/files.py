@@ -25,7 +25,7 @@ def atomic_write(path: str | Path, mode: str = "w", **open_arguments: Any) -> It
     ends, or not at all (an exception leaves the old ``path`` and removes the temporary file)."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
-    file = open(temporary, mode, **open_arguments)  # noqa: SIM115 - closed below, before the rename
+    file = open(temporary, mode, **open_arguments)
     try:
         yield file
         file.flush()
@@ -73,7 +73,11 @@ def sync_directory(directory: str | Path) -> None:
 @contextlib.contextmanager
 def replace_directory(target: str | Path) -> Iterator[Path]:
     """``with replace_directory(target) as directory:`` fill ``directory``; it then takes the place of
-    ``target`` (and of the old ``target``, removed), fsynced. An exception leaves the old ``target``."""
+    ``target`` (and of the old ``target``, removed), fsynced. An exception leaves the old ``target``.
+
+    For what can be built again (an export): ``target`` is never a part of either, but a kill between
+    the two renames leaves it missing (the old one in ``.old``, the new one in ``.tmp``) until the next
+    replace."""
     target = Path(target)
     temporary, old = target.with_name(target.name + ".tmp"), target.with_name(target.name + ".old")
     for leftover in (temporary, old):
