@@ -619,8 +619,8 @@ def _one_directory(command: str, argv: list[str]) -> str:
 def _scale(argv: list[str]) -> int:
     import json
 
+    from phalanx.files import write_text_atomic
     from phalanx.population.leaderboard import Leaderboard
-    from phalanx.train.checkpoint import write_text_atomic
 
     parser = argparse.ArgumentParser(
         prog="phalanx population scale", description="Change how many members run at once, while it runs."

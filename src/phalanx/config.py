@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from phalanx.errors import ConfigError
+from phalanx.files import write_text_atomic
 
 
 @dataclass
@@ -514,4 +515,4 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def save_yaml(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from phalanx.agent import load_agent
+from phalanx.files import atomic_write
 
 
 def use_headless_rendering() -> None:
@@ -35,5 +36,8 @@ def record_video(run_dir: str | Path, checkpoint: str = "best", max_steps: int =
     directory.mkdir(exist_ok=True)
     path = directory / f"{name}_step{agent.steps}.gif"
     images = [Image.fromarray(frame) for frame in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    with atomic_write(path, "wb") as file:
+        images[0].save(
+            file, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0
+        )
     return path

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from phalanx.errors import CheckpointError, EnvError
+from phalanx.files import atomic_write, write_text_atomic
 from phalanx.finance.metrics import METRIC_NAMES, performance_summary
 
 __all__ = ["BacktestResult", "backtest"]
@@ -209,12 +210,12 @@ def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndar
     out = result.run_dir / "backtest"
     out.mkdir(parents=True, exist_ok=True)
     day = np.datetime_as_string(result.dates, unit="D" if env.market.daily else "m")
-    with (out / "equity.csv").open("w", newline="") as file:
+    with atomic_write(out / "equity.csv", "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["date", *result.equity])
         for k, date in enumerate(day):
             writer.writerow([date, *(f"{curve[k]:.2f}" for curve in result.equity.values())])
-    with (out / "trades.csv").open("w", newline="") as file:
+    with atomic_write(out / "trades.csv", "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["date", "ticker", "side", "shares", "price", "value", "cost"])
         for k, i in zip(*np.nonzero(np.abs(trades) * prices[:-1] > 1e-6), strict=True):
@@ -244,7 +245,7 @@ def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndar
         },
         "notes": result.notes,
     }
-    (out / "metrics.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_text_atomic(out / "metrics.json", json.dumps(payload, indent=2) + "\n")
     _plot(result, out / "equity.png")
     return out
 
@@ -271,5 +272,6 @@ def _plot(result: BacktestResult, path: Path) -> None:
     bottom.set_ylabel("drawdown %")
     bottom.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path)
+    with atomic_write(path, "wb") as file:
+        figure.savefig(file, format="png")
     plt.close(figure)

@@ -24,6 +24,7 @@ import yaml
 
 from phalanx.config import TrainConfig, _is_int, check, coerce, load_yaml, parse_scalar
 from phalanx.errors import ConfigError
+from phalanx.files import write_text_atomic
 
 STRATEGIES = ("tournament", "generational")
 BACKENDS = ("serial", "process", "ray", "vectorized")
@@ -372,7 +373,7 @@ class PopulationConfig:
         return cls.from_dict(load_yaml(path), where=f"population config {str(path)!r}")
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def _plain(value: Any) -> Any:

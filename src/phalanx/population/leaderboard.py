@@ -11,13 +11,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from phalanx.errors import CheckpointError
+from phalanx.files import append_line, atomic_write, write_text_atomic
 
 LIVE = ("waiting", "running")
 
@@ -121,8 +121,7 @@ class Leaderboard:
         """Append a decision with its reason to decisions.jsonl; returns the entry."""
         entry = {"time_s": round(self.elapsed(), 3), "event": event, "reason": reason, **details}
         self.directory.mkdir(parents=True, exist_ok=True)
-        with (self.directory / "decisions.jsonl").open("a") as file:
-            file.write(json.dumps(entry) + "\n")
+        append_line(self.directory / "decisions.jsonl", json.dumps(entry))
         return entry
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,9 +145,7 @@ class Leaderboard:
         return board
 
     def save(self) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(temporary, self.path)
+        write_text_atomic(self.path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> Leaderboard:
@@ -237,14 +234,14 @@ class Leaderboard:
         """report/: scores.csv, lineage.csv, best_schedule.csv, curves.png, schedule.png, lineage.png."""
         out = self.directory / "report"
         out.mkdir(parents=True, exist_ok=True)
-        with (out / "scores.csv").open("w", newline="") as file:
+        with atomic_write(out / "scores.csv", "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["member", "steps", "score", "time_s", "status"])
             for m in self.members.values():
                 for steps, score, seconds in m.scores:
                     writer.writerow([m.id, steps, score, seconds, m.status])
         names = sorted({k for e in self.lineage for k in e["hyperparameters_after"]})
-        with (out / "lineage.csv").open("w", newline="") as file:
+        with atomic_write(out / "lineage.csv", "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(
                 ["time_s", "kind", "member", "steps", "donor", "donor_steps", "donor_score", *names]
@@ -265,7 +262,7 @@ class Leaderboard:
                 )
         schedule = self.best_schedule()
         keys = [k for k in (schedule[0] if schedule else {}) if k not in ("steps", "member")]
-        with (out / "best_schedule.csv").open("w", newline="") as file:
+        with atomic_write(out / "best_schedule.csv", "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["steps", "member", *keys])
             for row in schedule:
@@ -298,7 +295,8 @@ class Leaderboard:
         if best is not None:
             axis.legend()
         figure.tight_layout()
-        figure.savefig(out / "curves.png", dpi=100)
+        with atomic_write(out / "curves.png", "wb") as file:
+            figure.savefig(file, format="png", dpi=100)
         plt.close(figure)
 
         figure, axes = plt.subplots(max(len(keys), 1), 1, figsize=(8, 2.2 * max(len(keys), 1)), squeeze=False)
@@ -308,7 +306,8 @@ class Leaderboard:
         axes[-1, 0].set(xlabel="env steps")
         axes[0, 0].set(title=f"hyperparameter schedule of the best member ({best.id if best else '-'})")
         figure.tight_layout()
-        figure.savefig(out / "schedule.png", dpi=100)
+        with atomic_write(out / "schedule.png", "wb") as file:
+            figure.savefig(file, format="png", dpi=100)
         plt.close(figure)
 
         order = {m: i for i, m in enumerate(self.members)}
@@ -326,7 +325,8 @@ class Leaderboard:
         axis.set_yticks(range(len(order)), list(order))
         axis.set(xlabel="seconds", title="lineage: arrows from the copied member to the one that copied it")
         figure.tight_layout()
-        figure.savefig(out / "lineage.png", dpi=100)
+        with atomic_write(out / "lineage.png", "wb") as file:
+            figure.savefig(file, format="png", dpi=100)
         plt.close(figure)
 
 

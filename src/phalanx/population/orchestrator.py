@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.files import replace_directory, write_text_atomic
 from phalanx.population.backends import Report, Task, make_backend
 from phalanx.population.evolution import (
     PopulationConfig,
@@ -368,8 +369,8 @@ class Orchestrator:
         exported = None
         if best is not None:
             exported = self.directory / "best"
-            shutil.rmtree(exported, ignore_errors=True)
-            shutil.copytree(self.member_dir(best.id), exported)
+            with replace_directory(exported) as directory:
+                shutil.copytree(self.member_dir(best.id), directory, dirs_exist_ok=True)
         return _exported(self.board, best, exported, self.say)
 
     def member_dir(self, member: str) -> Path:
@@ -417,7 +418,7 @@ def _exported(
     if best is None:
         return PopulationResult(board.directory, None, None, None)
     note = {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}
-    (exported / "population.json").write_text(json.dumps(note, indent=1) + "\n")
+    write_text_atomic(exported / "population.json", json.dumps(note, indent=1) + "\n")
     _decide(
         board, say, "best", best.id, f"the best final score, {_score(best.score)}; exported to {exported}"
     )
@@ -542,13 +543,12 @@ class VectorizedRun:
         board.write_report()
         best = board.best()
         exported = board.directory / "best"
-        shutil.rmtree(exported, ignore_errors=True)
         state = self.engine.member_agent_state(self.members.index(best.id))
-        exported.mkdir(parents=True)
-        save_yaml(TrainConfig.from_dict(state["config"]), exported / "config.yaml")
-        manager = CheckpointManager(exported)
-        manager.save(self.engine.steps, state)
-        manager.save_best(state)
+        with replace_directory(exported) as directory:
+            save_yaml(TrainConfig.from_dict(state["config"]), directory / "config.yaml")
+            manager = CheckpointManager(directory)
+            manager.save(self.engine.steps, state)
+            manager.save_best(state)
         return _exported(board, best, exported, self.say)
 
 

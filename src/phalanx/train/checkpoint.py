@@ -8,11 +8,16 @@ Layout inside a run directory::
 
 A checkpoint is a dict of tensors and primitives (so it loads without unpickling code) with a
 ``format`` marker that identifies it as phalanx's.
+
+``state.pt`` is written whole or not at all (:mod:`phalanx.files`), so a checkpoint is complete when its
+``state.pt`` exists. Whatever the moment a run is killed, the newest complete ``step_<n>`` is the one to
+resume: :meth:`CheckpointManager.latest` finds it, skipping a ``step_<n>`` a kill left without its
+``state.pt``, and the next save removes such leftovers. An older checkpoint is removed only after a
+newer one is complete.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,38 +25,24 @@ from typing import Any
 import torch
 
 from phalanx.errors import CheckpointError
+from phalanx.files import atomic_write, write_text_atomic
 
 FORMAT = "phalanx-checkpoint-v1"
+STATE = "state.pt"
 
 
-def write_atomic(directory: Path, state: dict[str, Any]) -> None:
-    """Write ``directory/state.pt``: into a temporary directory first, then rename it into place."""
-    directory = Path(directory)
-    temporary = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    torch.save({**state, "format": FORMAT}, temporary / "state.pt")
-    if directory.exists():
-        old = directory.with_name(directory.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-        os.replace(temporary, directory)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(temporary, directory)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+def write_checkpoint(directory: Path, state: dict[str, Any]) -> None:
+    """Write ``directory/state.pt`` atomically (the old one stays until the new one is whole)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_write(directory / STATE, "wb") as file:
+        torch.save({**state, "format": FORMAT}, file)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint file or directory (``state.pt`` inside), refusing foreign or broken files."""
     path = Path(path)
     if path.is_dir():
-        path = path / "state.pt"
+        path = path / STATE
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {str(path)!r}: the file does not exist.")
     try:
@@ -78,35 +69,35 @@ class CheckpointManager:
         self.keep = keep
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Checkpoint ``step``, then name it in ``latest`` and remove what is older than the last ``keep``
+        complete checkpoints, and what a kill left half-written."""
         target = self.directory / f"step_{step}"
-        write_atomic(target, state)
+        write_checkpoint(target, state)
         write_text_atomic(self.directory / "latest", target.name + "\n")
-        for old in self.step_directories()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        kept = self.step_directories()[-self.keep :]
+        for path in self.directory.iterdir():
+            stale = path.name.startswith("step_") and path not in kept  # older, or half-written
+            if path.is_dir() and (stale or path.suffix in (".tmp", ".old")):  # earlier versions' swaps
+                shutil.rmtree(path, ignore_errors=True)
         return target
 
     def save_best(self, state: dict[str, Any]) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         target = self.directory / "best"
-        write_atomic(target, state)
+        write_checkpoint(target, state)
         return target
 
     def step_directories(self) -> list[Path]:
+        """The complete ``step_<n>`` checkpoints, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
+        found = [p for p in self.directory.glob("step_*") if p.name[5:].isdigit() and (p / STATE).is_file()]
         return sorted(found, key=lambda p: int(p.name[5:]))
 
     def latest(self) -> Path | None:
-        marker = self.directory / "latest"
-        if marker.is_file():
-            candidate = self.directory / marker.read_text().strip()
-            if (candidate / "state.pt").is_file():
-                return candidate
+        """The newest complete step checkpoint (``latest`` names it too, once it is complete)."""
         steps = self.step_directories()
         return steps[-1] if steps else None
 
     def best(self) -> Path | None:
         candidate = self.directory / "best"
-        return candidate if (candidate / "state.pt").is_file() else None
+        return candidate if (candidate / STATE).is_file() else None

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phalanx.train.checkpoint import write_text_atomic
+from phalanx.files import append_line, atomic_write, fsync_file, write_text_atomic
 
 TRAINING_COLUMNS = [
     "steps",
@@ -43,8 +43,10 @@ class StepTable:
     (off-policy losses start after the warm-up) widens the file once.
 
     Opened on an existing file (a resumed run), it keeps the rows up to ``steps``, the step the run goes
-    on from, and drops the later ones: they were logged after the checkpoint it resumes and will be
-    logged again.
+    on from, and drops the later ones (and a last row a kill cut short): they were logged after the
+    checkpoint it resumes and will be logged again. Rows are appended whole but not fsynced one by one
+    (an fsync costs milliseconds, an evaluation row may come every few); :meth:`sync` makes them durable,
+    and the trainer calls it before every checkpoint, so the rows up to a checkpoint survive with it.
     """
 
     def __init__(self, path: Path, first_columns: list[str], steps: int) -> None:
@@ -55,7 +57,7 @@ class StepTable:
         rows, header = self._read()
         self.columns += [column for column in header if column not in self.columns]
         kept = [row for row in rows if row.get("steps") and float(row["steps"]) <= steps]
-        if len(kept) < len(rows) or header != self.columns:
+        if len(kept) < len(rows) or header != self.columns or not self.path.read_text().endswith("\n"):
             self._rewrite(kept)
 
     def append(self, row: dict[str, Any]) -> None:
@@ -64,17 +66,24 @@ class StepTable:
             rows = self._read()[0] if self.path.is_file() else []
             self.columns += new
             self._rewrite(rows)
-        with self.path.open("a", newline="") as file:
-            csv.writer(file).writerow(["" if row.get(key) is None else row[key] for key in self.columns])
+        append_line(
+            self.path,
+            _csv_line(["" if row.get(key) is None else row[key] for key in self.columns]),
+            sync=False,
+        )
+
+    def sync(self) -> None:
+        if self.path.is_file():
+            fsync_file(self.path)
 
     def _read(self) -> tuple[list[dict[str, str]], list[str]]:
-        with self.path.open(newline="") as file:
-            reader = csv.DictReader(file)
-            return list(reader), list(reader.fieldnames or [])
+        text = self.path.read_text()
+        reader = csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1]))  # whole lines only
+        return list(reader), list(reader.fieldnames or [])
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
-        text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=self.columns, restval="")
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.columns, restval="", lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         write_text_atomic(self.path, text.getvalue())
@@ -115,7 +124,8 @@ class RunLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.run_dir))
+            # a resumed run hides the events its killed predecessor logged after the checkpoint
+            self.writer = SummaryWriter(str(self.run_dir), purge_step=steps + 1 if steps else None)
         self.console = console or Console(stderr=True)
         self.progress: TrainingProgress | None = None
         if show_progress:
@@ -147,10 +157,16 @@ class RunLogger:
             if key not in skip and isinstance(value, (int, float)):
                 self.writer.add_scalar(_tensorboard_tag(key), value, step)
 
+    def sync(self) -> None:
+        """Make every row logged so far durable (before a checkpoint: the rows up to it survive a kill)."""
+        self.training.sync()
+        self.evaluations.sync()
+
     def message(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
+        self.sync()
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
@@ -252,6 +268,12 @@ def _of_step(steps: int | None) -> str:
     return "" if steps is None else f" (step {steps:,})"  # None: a checkpoint saved before it was recorded
 
 
+def _csv_line(values: list[Any]) -> str:
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(values)
+    return line.getvalue()
+
+
 def _scalar(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()
@@ -310,8 +332,9 @@ def plot_curve(run_dir: Path, title: str) -> Path | None:
     axis.grid(alpha=0.3)
     axis.legend(loc="lower right")
     figure.tight_layout()
-    path = run_dir / "curve.png"
-    figure.savefig(path)
+    path = Path(run_dir) / "curve.png"
+    with atomic_write(path, "wb") as file:
+        figure.savefig(file, format="png")
     plt.close(figure)
     return path
 

@@ -44,6 +44,7 @@ from phalanx.envs.wrappers import (
     find_wrapper,
 )
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.files import write_text_atomic
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.learner import (
@@ -604,6 +605,8 @@ class Trainer:
                     while self.next_log <= self.steps:
                         self.next_log += config.log_every
                 if self.steps >= self.next_checkpoint:
+                    if self.is_main:  # the rows up to the checkpoint are on disk when it is
+                        self.logger.sync()
                     self.save()
                     while self.next_checkpoint <= self.steps:
                         self.next_checkpoint += config.checkpoint_every
@@ -828,9 +831,7 @@ class Trainer:
             "latest_checkpoint": str(self.checkpoints.latest()) if self.checkpoints.latest() else None,
             **self.extra_summary(),
         }
-        temporary = self.run_dir / "summary.json.tmp"
-        temporary.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(temporary, self.run_dir / "summary.json")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def extra_summary(self) -> dict[str, Any]:
