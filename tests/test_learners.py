@@ -172,7 +172,8 @@ def test_a_hung_learner_fails_the_group_after_the_timeout(tmp_path, failing_env)
     assert no_learners_left()
 
 
-def test_ctrl_c_stops_every_learner_and_saves(tmp_path):
+@pytest.mark.parametrize("moment", ["while training", "while the learners start"])
+def test_ctrl_c_stops_every_learner_and_saves(tmp_path, moment):
     run_dir = tmp_path / "interrupted"
     process = subprocess.Popen(
         [sys.executable, "-m", "phalanx.cli", "train", "sac", "Pendulum-v1", "--learners", "2",
@@ -182,9 +183,13 @@ def test_ctrl_c_stops_every_learner_and_saves(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not (run_dir / "metrics.csv").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)
+        if moment == "while training":
+            while not (run_dir / "metrics.csv").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1.0)
+        else:  # as soon as both learner processes exist: they are still importing torch
+            while len(learner_processes(process.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl+C does: the whole group
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -197,6 +202,12 @@ def test_ctrl_c_stops_every_learner_and_saves(tmp_path):
     state = load_checkpoint(run_dir / "checkpoints" / f"step_{summary['total_steps']}")
     assert len(state["learner_shards"]) == 1
     assert group_is_gone(process.pid)  # the launcher, the learners and multiprocessing's helpers
+
+
+def learner_processes(launcher: int) -> list[str]:
+    """The process ids of the learners ``launcher`` started (spawned: `... spawn_main ...`)."""
+    found = subprocess.run(["pgrep", "-P", str(launcher), "-f", "spawn_main"], capture_output=True, text=True)
+    return found.stdout.split()
 
 
 def group_is_gone(process_group: int, wait_s: float = 10.0) -> bool:

@@ -34,7 +34,15 @@ from phalanx import make_config  # noqa: E402
 from phalanx.agent import evaluate  # noqa: E402
 from phalanx.cli import main  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
-from phalanx.population import Leaderboard, Mutation, PopulationConfig, Resources, run_population  # noqa: E402
+from phalanx.population import (  # noqa: E402
+    Leaderboard,
+    Mutation,
+    PopulationConfig,
+    PopulationInterrupted,
+    Resources,
+    resume_population,
+    run_population,
+)
 from phalanx.population import orchestrator as orchestrator_module  # noqa: E402
 from phalanx.population.backends import RayBackend  # noqa: E402
 
@@ -46,7 +54,7 @@ MUTATIONS = {"learning_rate": Mutation(perturb=(0.8, 1.2), log_uniform=(1e-4, 1e
 
 
 def population(directory: Path, total_steps: int, interval: int, **settings: Any) -> PopulationConfig:
-    base_settings = settings.pop("base", {})
+    base_settings = {"log_every": 10**9, **settings.pop("base", {})}
     base = make_config(
         "ppo",
         "CartPole-v1",
@@ -54,7 +62,6 @@ def population(directory: Path, total_steps: int, interval: int, **settings: Any
         total_steps=total_steps,
         eval_every=0,
         eval_episodes=4,
-        log_every=10**9,
         torch_threads=1,
         hyperparameters=HYPERPARAMETERS,
         **base_settings,
@@ -235,6 +242,63 @@ def test_killed_member_actor_restarts_from_its_checkpoint(tmp_path, monkeypatch)
     logged = metric_steps(directory / "members" / "m000")
     assert logged == sorted(set(logged)) and logged[-1] == total, logged
     assert result.best_member is not None and (directory / "best").is_dir()
+
+
+# -- Ctrl+C ------------------------------------------------------------------------------------------
+class CtrlCMidInterval(RayBackend):
+    """Ctrl+C in the orchestrator (the KeyboardInterrupt Python raises there) as soon as a member has
+    logged an iteration of its first interval. Its two actors are started first, so that both members
+    are under way by then (an actor takes seconds to start, an interval seconds to train)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.idle = [(self.actor_class.remote(self.threads), None) for _ in range(2)]
+        ray.get([actor.__ray_ready__.remote() for actor, _ in self.idle])
+        self.actors: list[Any] = []
+
+    def wait(self, timeout: float) -> list[Any]:
+        running = [task for task, _ in self.pending.values()]
+        if any(metric_steps_so_far(Path(task.config["run_dir"])) for task in running):
+            self.actors = [actor for _, actor in self.pending.values()]
+            raise KeyboardInterrupt
+        return super().wait(min(timeout, 0.05))
+
+
+def metric_steps_so_far(run_dir: Path) -> list[int]:
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        return metric_steps(run_dir)
+    return []
+
+
+def test_ctrl_c_lets_ray_members_save_and_resume_goes_on(tmp_path, monkeypatch):
+    directory = tmp_path / "pop"
+    interval = total = 16 * ITERATION
+    made: list[CtrlCMidInterval] = []
+    use_backend(monkeypatch, CtrlCMidInterval, made)
+    config = population(directory, total, interval, size=2, base={"log_every": ITERATION})
+    with pytest.raises(PopulationInterrupted):
+        run_population(config, show_progress=False)
+    backend = made[0]
+    assert len(backend.actors) == 2, "both members were under way when Ctrl+C came"
+    saved = {}
+    for member in ("m000", "m001"):
+        run_dir = directory / "members" / member
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["interrupted"] is True, member
+        saved[member] = summary["total_steps"]
+        assert 0 < saved[member] < interval, f"{member} saved where Ctrl+C stopped it, mid-interval"
+        assert (run_dir / "checkpoints" / f"step_{saved[member]}").is_dir()
+    assert decisions(directory)[-1]["event"] == "interrupt"
+
+    monkeypatch.undo()  # resume on the plain Ray backend
+    resume_population(directory, show_progress=False)
+    board = Leaderboard.load(directory)
+    for member in ("m000", "m001"):
+        assert board.members[member].status == "finished" and board.members[member].steps == total
+        logged = metric_steps(directory / "members" / member)
+        # it went on from the checkpoint saved at Ctrl+C, not from step 0 (which would log its first
+        # iterations again): no step logged twice but the last, with the final evaluation's row
+        assert logged[:-1] == sorted(set(logged[:-1])) and logged[-2:] == [total, total], logged
 
 
 # -- a two-node cluster on loopback that loses a node ---------------------------------------------

@@ -73,6 +73,8 @@ class Member:
     def __init__(self, threads: int | None = None) -> None:
         self.trainer: Any = None
         self.member: str | None = None
+        self.stop_requested = threading.Event()
+        """Set by :meth:`stop`; every trainer of this member stops at its next safe point on it."""
         if threads:
             torch.set_num_threads(threads)
 
@@ -81,6 +83,8 @@ class Member:
         from phalanx.train.trainer import TrainingInterrupted
 
         started = time.perf_counter()
+        if self.stop_requested.is_set():  # stopped before this task began: nothing to save
+            return Report(task.member, interrupted=True)
         try:
             for env_id, factory in task.envs.items():
                 register_env(env_id, factory, overwrite=True)
@@ -128,8 +132,14 @@ class Member:
             except BaseException:
                 trainer.close()
                 raise
+        trainer.stop_requested = self.stop_requested
         self.trainer, self.member = trainer, task.member
         return trainer
+
+    def stop(self) -> None:
+        """Ask the task under way (from another thread) to stop where Ctrl+C would: at the training loop's
+        next safe point, with a checkpoint; a task that has not begun yet does not begin."""
+        self.stop_requested.set()
 
     def close(self) -> None:
         if self.trainer is not None:
@@ -338,8 +348,12 @@ class RayBackend:
                         ray.init(**options)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise ConfigError(_ray_init_error(address, error)) from None
+        # Two threads: stop() runs while run() trains (an actor runs one task at a time otherwise).
         self.actor_class = ray.remote(_RayMember).options(
-            num_cpus=resources.cpus_per_member, num_gpus=resources.gpus_per_member, max_restarts=0
+            num_cpus=resources.cpus_per_member,
+            num_gpus=resources.gpus_per_member,
+            max_restarts=0,
+            max_concurrency=2,
         )
         self.threads = threads
         self.idle: list[tuple[Any, str]] = []
@@ -420,12 +434,25 @@ class RayBackend:
                 with contextlib.suppress(Exception):
                     self.ray.kill(actor)
 
-    def close(self) -> None:
-        actors = [actor for _, actor in self.pending.values()] + [actor for actor, _ in self.idle]
+    def close(self, grace_s: float = 60.0) -> None:
+        """End every actor; the members in flight first stop at their next safe point and save a checkpoint
+        (as a process backend's member does on Ctrl+C), for up to ``grace_s`` seconds. A task whose
+        actor has not started yet is dropped: it has nothing to save."""
+        pending, starting = self.pending, self.starting
+        actors = [actor for _, actor in pending.values()] + [actor for actor, _ in self.idle]
         self.pending, self.idle, self.starting = {}, [], {}
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                self.ray.kill(actor)
+        try:
+            ready = self.ray.wait(list(starting), num_returns=len(starting), timeout=0)[0] if starting else []
+            waiting = [actor for reference, actor in starting.items() if reference not in ready]
+            started = [r for r, (_, actor) in pending.items() if not any(actor is a for a in waiting)]
+            for reference in started:
+                pending[reference][1].stop.remote()
+            if started:
+                self.ray.wait(started, num_returns=len(started), timeout=grace_s)
+        finally:  # also when a second Ctrl+C cuts the wait short
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    self.ray.kill(actor)
 
 
 class _RayMember:
@@ -436,6 +463,9 @@ class _RayMember:
 
     def run(self, task: Task) -> Report:
         return self.member.run(task)
+
+    def stop(self) -> None:
+        self.member.stop()
 
     def pid(self) -> int:
         return os.getpid()

@@ -44,6 +44,12 @@ from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.envs.wrappers import RunningMeanStd
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.train.interrupts import (
+    deferred_interrupts,
+    interrupts_blocked,
+    request_stop_on_interrupt,
+    unblock_interrupts,
+)
 
 LAUNCH_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Set by torchrun (and torch.distributed.launch) in every process it starts."""
@@ -230,9 +236,12 @@ def check_learners(num_learners: int, device: str) -> None:
 
 def _catch_interrupts() -> threading.Event:
     """From now on Ctrl+C (SIGINT) sets the returned event instead of raising KeyboardInterrupt: the
-    learners stop together, at the iteration where they agree on it."""
+    learners stop together, at the iteration where they agree on it. Every SIGINT only sets it (a
+    terminal's Ctrl+C reaches a learner twice: directly, and forwarded by the launcher); the launcher
+    is the one that kills the learners on a second Ctrl+C."""
     interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    request_stop_on_interrupt(interrupted, insist=False)
+    unblock_interrupts()  # a learner starts with SIGINT held back (launch_learners): from here it is safe
     return interrupted
 
 
@@ -318,24 +327,29 @@ def launch_learners(
             if on_report is not None:
                 on_report(kind, value)
 
+    # Ctrl+C here is a request too, whenever it comes (a second one kills the learners, in `finally`).
+    # The learners start with SIGINT held back: one that came before a learner installed its handler
+    # would kill it while the others wait for it in a collective until the timeout.
+    interrupted, forwarded = threading.Event(), False
     try:
-        for process in processes:
-            process.start()
-        watched.close()
-        while True:
-            try:
+        with deferred_interrupts(interrupted):
+            with interrupts_blocked():
+                for process in processes:
+                    process.start()
+            watched.close()
+            while True:
                 receive(0.2)
-            except KeyboardInterrupt:
-                _stop_learners(processes, receive)
-                if outcome is None:
-                    raise
-                break
-            if errors or any(p.exitcode not in (None, 0) for p in processes):
-                _give_others_time(processes, receive)
-                raise _failure(processes, errors, timeout)
-            if all(p.exitcode == 0 for p in processes):
-                receive(0)
-                break
+                if interrupted.is_set() and not forwarded:
+                    _forward_interrupt(processes)
+                    forwarded = True
+                if errors or any(p.exitcode not in (None, 0) for p in processes):
+                    _give_others_time(processes, receive)
+                    raise _failure(processes, errors, timeout)
+                if all(p.exitcode == 0 for p in processes):
+                    receive(0)
+                    break
+        if forwarded and outcome is None:
+            raise KeyboardInterrupt
     finally:
         for process in processes:
             if process.exitcode is None and process.pid is not None:
@@ -349,18 +363,12 @@ def launch_learners(
     return outcome
 
 
-def _stop_learners(processes: list[Any], receive: Callable[[float], None]) -> None:
-    """Ctrl+C: every learner is asked to stop (they agree on a step, save and exit); again: killed."""
+def _forward_interrupt(processes: list[Any]) -> None:
+    """Ctrl+C: every learner is asked to stop (they agree on a step, save and exit)."""
     for process in processes:
         if process.exitcode is None and process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGINT)
-    try:
-        while any(p.exitcode is None for p in processes):
-            receive(0.5)
-    except KeyboardInterrupt:
-        for process in processes:
-            process.kill()
 
 
 def _give_others_time(processes: list[Any], receive: Callable[[float], None], grace_s: float = 5.0) -> None:

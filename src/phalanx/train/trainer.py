@@ -20,6 +20,7 @@ import math
 import os
 import pickle
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from phalanx.errors import CheckpointError, ConfigError
 from phalanx.files import write_text_atomic
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
+from phalanx.train.interrupts import Insisted, deferred_interrupts
 from phalanx.train.learner import (
     Learner,
     LearnerGroup,
@@ -63,6 +65,7 @@ from phalanx.train.worker import Transition, Worker
 
 EVAL_SEED_OFFSET = 1_000_003
 _REACHED, _INTERRUPTED = 1, 2  # what the learners of a group agree on after every iteration
+INSISTED = "a second Ctrl+C stopped the run at once, unsaved: resume goes on from its latest checkpoint"
 
 
 @dataclass
@@ -222,6 +225,8 @@ class Trainer:
         self.evaluator: Evaluator | EvaluationProcess | None = None  # learner 0's
         self.eval_process: EvaluationProcess | None = None  # the evaluator, when it is a process
         self.pipeline: Pipeline | None = None
+        # Ctrl+C (or a population's request) to stop at the loop's next safe point (train.interrupts)
+        self.stop_requested = group.interrupted if group is not None else threading.Event()
         if group is None and config.num_learners > 1:
             raise ConfigError(
                 f"num_learners = {config.num_learners}: a Trainer is one learner. Start the group with "
@@ -529,7 +534,12 @@ class Trainer:
         if self.eval_process is not None:
             self.eval_process.wait_ready()  # its start is part of building the run, not of training
         try:
-            return self._train()
+            # a group's learner process routes SIGINT to the group's event from its start
+            interrupts = (
+                deferred_interrupts(self.stop_requested) if self.group is None else contextlib.nullcontext()
+            )
+            with interrupts:
+                return self._train()
         finally:
             self.wall_offset = self.stopwatch()  # a later train() (a population's next interval) goes on
             if self.pipeline is not None:
@@ -577,13 +587,15 @@ class Trainer:
                     if self.eval_process is not None:
                         self.poll_evaluation()
                     reached = self.reached_stop_return()
+                # The safe point where Ctrl+C stops the run: every update of the iteration made, whole.
+                interrupted = self.stop_requested.is_set()
                 if self.group is not None:  # every learner stops at the same step, or none does
                     self.sync_statistics()
-                    interrupted = self.group.interrupted.is_set()
                     verdict = self.group.maximum(_INTERRUPTED if interrupted else int(reached))
-                    if verdict == _INTERRUPTED:
-                        raise KeyboardInterrupt
-                    reached = verdict == _REACHED
+                    interrupted, reached = verdict == _INTERRUPTED, verdict == _REACHED
+                if interrupted:
+                    self.stop_requested.clear()  # acted on: a later train() goes on
+                    raise KeyboardInterrupt
                 if not self.is_main:
                     while self.next_log <= self.steps:
                         self.next_log += config.log_every
@@ -610,6 +622,11 @@ class Trainer:
                     self.save()
                     while self.next_checkpoint <= self.steps:
                         self.next_checkpoint += config.checkpoint_every
+        except Insisted:  # a second Ctrl+C before the safe point: the state may be half-updated
+            if self.is_main:
+                self.logger.close()
+                self.write_summary(interrupted=True, error=INSISTED)
+            raise
         except KeyboardInterrupt:
             if self.is_main:
                 self.logger.close()
