@@ -28,6 +28,7 @@ from phalanx.population import (
     Leaderboard,
     Mutation,
     PopulationConfig,
+    PopulationFailed,
     Resources,
     resume_population,
     run_population,
@@ -317,6 +318,74 @@ def test_a_crashed_member_restarts_from_its_checkpoint_then_is_removed_past_the_
     assert len(removed) == 1 and removed[0].reason == "crashed 2 times"
     assert [e["event"] for e in decisions(directory)].count("remove") == 1
     assert sum(m.status == "finished" for m in board.members.values()) == 2
+
+
+def test_a_population_in_which_no_member_scored_fails_with_why(tmp_path, capsys):
+    def broken(num_envs, device, **kwargs):
+        raise RuntimeError("injected: this env cannot be built")
+
+    register_env("Broken-v0", broken)
+    try:
+        directory = tmp_path / "pop"
+        with pytest.raises(PopulationFailed) as failed:
+            run_population(
+                tiny_population(directory, base=tiny_base(env="Broken-v0"), size=2, max_restarts=1),
+                show_progress=False,
+            )
+        message = str(failed.value)
+        assert f"no member of the population in {directory} produced a score" in message
+        assert "Every member m000, m001: crashed 2 times (max_restarts = 1); last error: RuntimeError: " in (
+            message
+        )
+        assert "injected: this env cannot be built" in message and "decisions.jsonl" in message
+        assert not (directory / "best").exists()
+        # The CLI: the ranking and the error, exit 1 (it ran, without a result), no "best member: None".
+        command = ["population", "run", "ppo", "Broken-v0", "--size", "2", "--backend", "serial"]
+        assert main([*command, "--max-restarts", "0", "--dir", str(tmp_path / "cli")]) == 1
+        output = capsys.readouterr()
+        assert "m001" in output.out and "best member:" not in output.out + output.err
+        assert "crashed 1 times (max_restarts = 0); last error: RuntimeError: injected" in output.err
+    finally:
+        unregister_env("Broken-v0")
+
+
+def test_a_multi_agent_population_copies_every_agents_networks_and_exports_the_best(tmp_path):
+    """MAPPO with an agent per network (three PPO units, three optimisers): a copy takes every unit's
+    networks and sets the mutated learning rate in every optimiser."""
+    directory = tmp_path / "pop"
+    command = ["population", "run", "mappo", "simple_spread", "--size", "3", "--replace-fraction", "0.34"]
+    command += ["--interval", "400", "--total-steps", "1200", "--num-envs", "16", "--eval-episodes", "4"]
+    command += ["--horizon", "25", "--epochs", "2", "--no-share-parameters", "--torch-threads", "1"]
+    command += ["--mutate", "learning_rate=perturb:0.5,2", "--backend", "serial", "--dir", str(directory)]
+    assert main(command) == 0
+    board = Leaderboard.load(directory)
+    assert all(m.status == "finished" and len(m.scores) == 3 for m in board.members.values())
+    assert board.lineage, "no member copied another"
+    last = board.lineage[-1]
+    state = load_checkpoint(_latest(directory / "members" / last["member"]))["algorithm"]
+    assert sorted(state) == ["agent/agent_0", "agent/agent_1", "agent/agent_2"]
+    rate = last["hyperparameters_after"]["learning_rate"]
+    assert all(unit["optimizer"]["param_groups"][0]["lr"] == pytest.approx(rate) for unit in state.values())
+    evaluation = evaluate(directory / "best", episodes=2, checkpoint="latest")
+    assert set(evaluation.agents) == {"agent_0", "agent_1", "agent_2"}
+
+
+@pytest.mark.slow
+def test_a_multi_agent_population_learns_simple_spread(tmp_path):
+    """Two MAPPO members, 100k env steps each: the best beats the random policy's team return (-26.6)
+    by the margin of the single-run learning test (tests/test_marl.py)."""
+    base = make_config(
+        "mappo", "simple_spread", num_envs=64, total_steps=100_000, eval_episodes=64, torch_threads=1
+    )
+    config = tiny_population(
+        tmp_path / "pop",
+        base=base,
+        size=2,
+        interval=50_000,
+        mutations={"learning_rate": Mutation(perturb=(0.8, 1.25))},
+    )
+    result = run_population(config, show_progress=False)
+    assert result.best_score > -26.6 + 4.0, result
 
 
 # -- elasticity ------------------------------------------------------------------------------------------

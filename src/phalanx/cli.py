@@ -443,7 +443,7 @@ def cmd_population(argv: list[str]) -> int:
         print(POPULATION_USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from phalanx.population import PopulationInterrupted, resume_population, run_population
+    from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
     from phalanx.population.leaderboard import Leaderboard
 
     say = lambda text: console.print(escape(text), highlight=False)  # noqa: E731
@@ -468,6 +468,10 @@ def cmd_population(argv: list[str]) -> int:
     except PopulationInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
+    except PopulationFailed as failed:  # it ran, and ended without a result
+        Console().print(Leaderboard.load(failed.directory).table())
+        console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
+        return 1
     Console().print(Leaderboard.load(result.directory).table())
     say(f"best member: {result.best_member} (score {result.best_score}); run directory {result.best_run_dir}")
     say(f"report: {result.directory / 'report'}")

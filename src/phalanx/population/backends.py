@@ -112,7 +112,7 @@ class Member:
         )
 
     def _trainer_for(self, task: Task) -> Any:
-        from phalanx.train.trainer import Trainer
+        from phalanx.train.trainer import trainer_class
 
         if self.trainer is not None and self.member == task.member:
             return self.trainer
@@ -120,7 +120,7 @@ class Member:
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
         run_dir = Path(config.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(config, run_dir=run_dir, show_progress=False)
+        trainer = trainer_class(config)(config, run_dir=run_dir, show_progress=False)
         latest = trainer.checkpoints.latest()
         if latest is not None:  # this member trained before (elsewhere, or before a crash or resume)
             try:

@@ -20,6 +20,7 @@ Population directory::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -53,9 +54,9 @@ MEMBER_SEED_STRIDE = 10_000
 @dataclass
 class PopulationResult:
     directory: Path
-    best_member: str | None
-    best_score: float | None
-    best_run_dir: Path | None
+    best_member: str
+    best_score: float
+    best_run_dir: Path
     """The best member exported as an ordinary run directory."""
 
 
@@ -66,6 +67,34 @@ class PopulationInterrupted(PhalanxError):
         super().__init__(
             f"population interrupted; every member saved a checkpoint. Continue with "
             f"`phalanx population resume {directory}`."
+        )
+        self.directory = directory
+
+
+class PopulationFailed(PhalanxError):
+    """No member produced a score (every one crashed past max_restarts): there is no best member."""
+
+    def __init__(self, board: Leaderboard) -> None:
+        directory = board.directory
+        removals = {}  # member -> why it was removed, with its last error (decisions.jsonl)
+        log = directory / "decisions.jsonl"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+                entry = json.loads(line)
+                if entry.get("event") == "remove":
+                    removals[entry["member"]] = entry["reason"]
+        members: dict[str, list[str]] = {}  # reason -> the members it applies to
+        for member in board.members.values():
+            reason = removals.get(member.id) or member.reason or f"has no score (status {member.status})"
+            members.setdefault(reason, []).append(member.id)
+        why = "; ".join(
+            f"{'Every member' if len(ids) == len(board.members) > 1 else 'Member'} {', '.join(ids)}: {reason}"
+            for reason, ids in members.items()
+        )
+        super().__init__(
+            f"no member of the population in {directory} produced a score, so there is no best member. "
+            f"{why}. The full tracebacks are the 'error' of the restart and remove entries in {log}. Fix "
+            "the cause and start a new population (a resume does not bring removed members back)."
         )
         self.directory = directory
 
@@ -362,11 +391,11 @@ class Orchestrator:
         self.board.save()
         self.board.write_report()
         best = self.board.best()
-        exported = None
-        if best is not None:
-            exported = self.directory / "best"
-            shutil.rmtree(exported, ignore_errors=True)
-            shutil.copytree(self.member_dir(best.id), exported)
+        if best is None:
+            raise PopulationFailed(self.board)
+        exported = self.directory / "best"
+        shutil.rmtree(exported, ignore_errors=True)
+        shutil.copytree(self.member_dir(best.id), exported)
         return _exported(self.board, best, exported, self.say)
 
     def member_dir(self, member: str) -> Path:
@@ -408,11 +437,9 @@ def _decide(
 
 
 def _exported(
-    board: Leaderboard, best: MemberRecord | None, exported: Path | None, say: Callable[[str], None]
+    board: Leaderboard, best: MemberRecord, exported: Path, say: Callable[[str], None]
 ) -> PopulationResult:
     """The result, after noting in the exported run directory which member it is (population.json)."""
-    if best is None:
-        return PopulationResult(board.directory, None, None, None)
     note = {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}
     (exported / "population.json").write_text(json.dumps(note, indent=1) + "\n")
     _decide(
