@@ -388,6 +388,84 @@ def test_a_multi_agent_population_learns_simple_spread(tmp_path):
     assert result.best_score > -26.6 + 4.0, result
 
 
+# -- random draws ------------------------------------------------------------------------------------------
+def _draws(board: Leaderboard) -> list[float]:
+    """Every learning rate the population drew: the members' starting values, then each copy's."""
+    starts = [m.schedule[0][1]["learning_rate"] for m in board.members.values()]
+    return starts + [copy["hyperparameters_after"]["learning_rate"] for copy in board.lineage]
+
+
+@pytest.mark.parametrize("backend", ["serial", "vectorized"])
+def test_seed_0_decisions_do_not_replay_the_members_starting_draws(tmp_path, monkeypatch, backend):
+    """No two random streams of the population are seeded alike (Python seeds by the absolute value,
+    so -1 and 1 are one stream). Every value is resampled (uniform, no perturb): a decision whose
+    stream were a member's starting stream would draw that member's starting learning rate again."""
+    seeds = []
+
+    class Recorded(random.Random):
+        def seed(self, a=None, version=2):
+            if isinstance(a, int):  # not None: an unseeded Random elsewhere (tempfile's)
+                seeds.append(abs(a))
+            super().seed(a, version)
+
+    monkeypatch.setattr(random, "Random", Recorded)
+    config = tiny_population(
+        tmp_path / "pop",
+        base=tiny_base(seed=0),
+        size=4,
+        replace_fraction=0.5,
+        backend=backend,
+        mutations={"learning_rate": Mutation(uniform=(1e-4, 1e-2))},
+    )
+    run_population(config, show_progress=False)
+    assert len(seeds) >= 6 and len(set(seeds)) == len(seeds), seeds
+    draws = _draws(Leaderboard.load(tmp_path / "pop"))
+    assert len(draws) >= 6 and len(set(draws)) == len(draws), draws
+
+
+def test_population_streams_are_independent_for_every_seed():
+    from phalanx.population.evolution import population_random
+
+    for seed in (0, 1, 2):
+        streams = [("member", k) for k in range(16)] + [("decision", k) for k in range(16)]
+        firsts = [population_random(seed, stream, index).random() for stream, index in streams]
+        assert len(set(firsts)) == len(firsts)
+        assert firsts == [population_random(seed, stream, index).random() for stream, index in streams]
+    assert population_random(0, "decision", 1).random() != population_random(1, "decision", 1).random()
+
+
+def test_a_resumed_population_continues_its_random_streams(tmp_path, monkeypatch):
+    """Generational, so that the order in which members train again after the resume does not change
+    what is selected: the resumed population draws what the straight one drew."""
+    from phalanx.population import PopulationInterrupted
+    from phalanx.population.orchestrator import Orchestrator
+
+    def outcome(directory: Path) -> tuple:
+        board = Leaderboard.load(directory)
+        members = {m.id: ([s[:2] for s in m.scores], m.schedule) for m in board.members.values()}
+        copies = [{k: v for k, v in copy.items() if k != "time_s"} for copy in board.lineage]
+        return members, copies, board.selections
+
+    def config(name: str) -> PopulationConfig:
+        return tiny_population(tmp_path / name, base=tiny_base(seed=0), strategy="generational")
+
+    original, reports = Orchestrator.handle, []
+
+    def handle_then_interrupt(self, report):  # Ctrl+C once the 6th report of 12 is recorded
+        original(self, report)
+        reports.append(report)
+        return len(reports) == 6
+
+    monkeypatch.setattr(Orchestrator, "handle", handle_then_interrupt)
+    with pytest.raises(PopulationInterrupted):
+        run_population(config("resumed"), show_progress=False)
+    monkeypatch.setattr(Orchestrator, "handle", original)
+    assert Leaderboard.load(tmp_path / "resumed").lineage, "no copy before the interruption"
+    resume_population(tmp_path / "resumed", show_progress=False)
+    run_population(config("straight"), show_progress=False)
+    assert outcome(tmp_path / "resumed") == outcome(tmp_path / "straight")
+
+
 # -- elasticity ------------------------------------------------------------------------------------------
 def test_lowering_max_concurrent_culls_the_weakest_and_raising_it_spawns_from_the_best(tmp_path):
     directory = tmp_path / "pop"
@@ -633,6 +711,16 @@ def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
     after = Leaderboard.load(directory)
     for member, scores in before.items():
         assert after.members[member].scores[:2] == scores and len(after.members[member].scores) == 3
+    # It goes on with the same random streams: what a straight run copies, scores and draws.
+    config.directory = str(tmp_path / "straight")
+    run_population(config, show_progress=False)
+    straight = Leaderboard.load(tmp_path / "straight")
+    assert [[s[:2] for s in m.scores] for m in straight.members.values()] == [
+        [s[:2] for s in m.scores] for m in after.members.values()
+    ]
+    assert [copy["hyperparameters_after"] for copy in straight.lineage] == [
+        copy["hyperparameters_after"] for copy in after.lineage
+    ]
 
 
 def test_vectorized_backend_refuses_what_it_cannot_batch(tmp_path):

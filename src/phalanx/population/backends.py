@@ -73,6 +73,9 @@ class Member:
     def __init__(self, threads: int | None = None) -> None:
         self.trainer: Any = None
         self.member: str | None = None
+        self.rng: dict[str, Any] = {}
+        """The torch RNG state the last task left (a member's own, restored when its next task runs
+        here after other members', as a member rebuilt from its checkpoint restores it)."""
         if threads:
             torch.set_num_threads(threads)
 
@@ -91,6 +94,7 @@ class Member:
                 trainer.adopt(None, task.hyperparameters)
             trainer.config.total_steps = task.target
             summary = trainer.train().summary
+            self.rng = _rng_state(trainer.device)
         except TrainingInterrupted as interrupted:
             self.close()
             return Report(
@@ -115,6 +119,9 @@ class Member:
         from phalanx.train.trainer import trainer_class
 
         if self.trainer is not None and self.member == task.member:
+            torch.set_rng_state(self.rng["torch"])
+            if "cuda" in self.rng:
+                torch.cuda.set_rng_state(self.rng["cuda"], self.trainer.device)
             return self.trainer
         self.close()
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
@@ -135,6 +142,14 @@ class Member:
         if self.trainer is not None:
             self.trainer.close()
         self.trainer = self.member = None
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """The torch RNG state a checkpoint saves (``Trainer.shard_state``), of the CPU and ``device``."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
 def _load_donor(checkpoint: str) -> dict[str, Any]:

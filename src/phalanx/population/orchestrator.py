@@ -40,6 +40,7 @@ from phalanx.population.evolution import (
     generational_plan,
     initial_hyperparameters,
     member_config,
+    population_random,
     ranking,
     split,
     tournament_donor,
@@ -176,16 +177,16 @@ class Orchestrator:
             self.spawn(best, f"the resources grew: {capacity} members fit instead of {before}")
 
     def spawn(self, parent: MemberRecord | None, reason: str) -> MemberRecord:
-        rng = self.rng()
         index = len(self.board.members)
         if parent is None or parent.checkpoint is None:
+            rng = population_random(self.config.base.seed, "member", index)
             hyperparameters = initial_hyperparameters(self.config, rng)
             record = self.board.add(
                 MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters)
             )
             self.decide("spawn", record.id, f"{reason}; no member has been scored yet: a new member")
             return record
-        hyperparameters = explore(parent.hyperparameters, self.config.mutations, rng)
+        hyperparameters = explore(parent.hyperparameters, self.config.mutations, self.rng())
         record = self.board.add(
             MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters, steps=parent.steps)
         )
@@ -315,10 +316,7 @@ class Orchestrator:
 
     # -- selection -------------------------------------------------------------------------------
     def rng(self) -> random.Random:
-        """The random draws of the next decision: seeded by the base seed and the decisions so far, so
-        that a resumed population draws what it would have drawn."""
-        self.board.selections += 1
-        return random.Random(self.config.base.seed * 1_000_003 + self.board.selections)
+        return next_decision(self.config, self.board)
 
     def select_tournament(self, member: MemberRecord) -> None:
         scores = self.board.scores()
@@ -423,6 +421,13 @@ def member_seed(config: PopulationConfig, index: int) -> int:
     return config.base.seed + index * MEMBER_SEED_STRIDE
 
 
+def next_decision(config: PopulationConfig, board: Leaderboard) -> random.Random:
+    """The random draws of the next decision: the decision stream at the count of decisions so far,
+    which the leaderboard keeps, so that a resumed population draws what it would have drawn."""
+    board.selections += 1
+    return population_random(config.base.seed, "decision", board.selections)
+
+
 def _decide(
     board: Leaderboard,
     say: Callable[[str], None],
@@ -521,8 +526,7 @@ class VectorizedRun:
     def select(self) -> None:
         board, config = self.board, self.config
         scores = board.scores(self.members)
-        rng = random.Random(config.base.seed * 1_000_003 + board.selections)
-        board.selections += 1
+        rng = next_decision(config, board)
         if config.strategy == "generational":
             plan = generational_plan(scores, config.replace_fraction, config.tournament_size, rng)
             kind, why = (
@@ -598,7 +602,7 @@ def run_population(config: PopulationConfig, show_progress: bool = True) -> Popu
         config.directory = str(directory)
         config.save(directory / "population.yaml")
         for index in range(config.size):
-            rng = random.Random(config.base.seed * 1_000_003 - index - 1)
+            rng = population_random(config.base.seed, "member", index)
             seed = member_seed(config, index)
             board.add(MemberRecord(board.next_id(), seed, initial_hyperparameters(config, rng)))
         board.save()
