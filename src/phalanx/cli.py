@@ -123,18 +123,14 @@ def parse_train_args(
     that the flags override, e.g. the base of a population file)."""
     import tyro
 
-    from phalanx.algos import algorithm_names, get_algorithm
-    from phalanx.config import TrainConfig, load_yaml, make_config, presets
+    from phalanx.algos import get_algorithm
+    from phalanx.config import TrainConfig, load_yaml, make_config
 
     positional = [a for a in argv[:2] if not a.startswith("-")]
     # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
     asking_help = len(positional) == 1 and any(a in ("-h", "--help") for a in argv)
     if len(positional) < 2 and not asking_help:
-        lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
-        raise PhalanxError(
-            f"`{prog}` needs an algorithm and an environment: {prog} ALGO ENV [flags], "
-            f"e.g. `{prog} ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
-        )
+        raise PhalanxError(f"`{prog}` needs an algorithm and an environment.\n{train_usage(prog)}")
     algo = positional[0]
     env = positional[1] if len(positional) > 1 else ""
     rest = argv[len(positional) :]
@@ -171,9 +167,45 @@ def parse_train_args(
     return config
 
 
+def train_usage(prog: str) -> str:
+    """How to call ``prog``, and the algorithms with the envs they have a preset for."""
+    from phalanx.algos import algorithm_names
+    from phalanx.config import presets
+
+    lines = [
+        wrapped(f"usage: {prog} ALGO ENV [flags], e.g. {prog} ppo CartPole-v1", "", "  "),
+        wrapped(f"`{prog} ALGO ENV --help` lists the flags, `phalanx envs` the env ids.", "", "  "),
+        "Algorithms, and the envs they have a tuned preset for (others: defaults):",
+    ]
+    lines += [
+        wrapped(", ".join(presets(name)) or "-", f"  {name:<12} ", " " * 15) for name in algorithm_names()
+    ]
+    return "\n".join(lines)
+
+
+def wrapped(text: str, first: str = "  ", indent: str = "    ") -> str:
+    """``text`` after ``first``, wrapped to the terminal (80 columns at most) with every continuation line
+    indented by ``indent``; words (env ids such as CartPole-v1) are never broken."""
+    import shutil
+    import textwrap
+
+    width = max(min(shutil.get_terminal_size().columns, 80), 40)
+    return textwrap.fill(
+        text,
+        width=width,
+        initial_indent=first,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
 def cmd_train(argv: list[str]) -> int:
     from phalanx.train.trainer import TrainingInterrupted, train
 
+    if not argv or argv in (["-h"], ["--help"]):  # a listing, not an error
+        print(train_usage("phalanx train"))
+        return 0
     config = parse_train_args(argv)
     try:
         result = train(
@@ -284,23 +316,31 @@ def cmd_backtest(argv: list[str]) -> int:
 # -- envs / check-env ------------------------------------------------------------------------------
 def cmd_envs(argv: list[str]) -> int:
     from phalanx.envs.registry import list_envs
-
-    envs = list_envs()
-    out = Console()
-    out.print("[bold]built-in batched envs[/] (torch, any num_envs, CPU or CUDA):")
-    out.print("  " + ", ".join(envs["builtin"]))
-    if envs["registered"]:
-        out.print("[bold]registered[/]: " + ", ".join(envs["registered"]))
-    out.print(f"[bold]Gymnasium ids[/] ({len(envs['gymnasium'])}, stepped through the Gymnasium adapter):")
-    out.print("  " + ", ".join(envs["gymnasium"]), highlight=False)
     from phalanx.marl.registry import list_multi_agent_envs
 
+    envs = list_envs()
+    lines = ["built-in batched envs (torch, any num_envs, CPU or CUDA):", wrapped(", ".join(envs["builtin"]))]
+    if envs["registered"]:
+        lines += ["registered with phalanx.envs.register_env:", wrapped(", ".join(envs["registered"]))]
+    missing = envs["needs_extra"]
+    ready = [env_id for env_id in envs["gymnasium"] if env_id not in missing]
+    lines += [
+        f"Gymnasium ids ({len(ready)}, stepped through the Gymnasium adapter):",
+        wrapped(", ".join(ready)),
+    ]
+    for extra in sorted(set(missing.values())):
+        ids = [env_id for env_id, needed in missing.items() if needed == extra]
+        lines += [
+            f"Gymnasium ids that need phalanx[{extra}] (not installed):",
+            wrapped(", ".join(ids)),
+        ]
     multi_agent = list_multi_agent_envs()
-    out.print("[bold]multi-agent envs[/] (mappo, ippo, qmix, vdn, maddpg, matd3):")
-    out.print("  built-in: " + ", ".join(multi_agent["builtin"]), highlight=False)
+    lines.append("multi-agent envs (mappo, ippo, qmix, vdn, maddpg, matd3):")
+    lines.append(wrapped(", ".join(multi_agent["builtin"]), "  built-in: "))
     if multi_agent["registered"]:
-        out.print("  registered: " + ", ".join(multi_agent["registered"]), highlight=False)
-    out.print("  adapters: " + ", ".join(multi_agent["adapters"]), highlight=False)
+        lines.append(wrapped(", ".join(multi_agent["registered"]), "  registered: "))
+    lines.append(wrapped(", ".join(multi_agent["adapters"]), "  adapters: "))
+    print("\n".join(lines))
     return 0
 
 
