@@ -284,8 +284,9 @@ def cmd_backtest(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="phalanx backtest",
         description="Backtest a stock trading agent out of sample (deterministic policy, one episode "
-        "from the initial cash) against equal-weight buy-and-hold and the index; writes "
-        "RUN_DIR/backtest/ (equity.png, equity.csv, trades.csv, metrics.json).",
+        "from the initial cash) against equal-weight buy-and-hold and the index; writes a new folder "
+        "RUN_DIR/backtest/FIRST_LAST/ (equity.png, equity.csv, trades.csv, metrics.json; FIRST_LAST_2/ "
+        "and so on when the period was backtested before).",
     )
     parser.add_argument("run_dir")
     parser.add_argument("--start", default=None, help="first date (default: the env's test period)")
@@ -309,7 +310,7 @@ def cmd_backtest(argv: list[str]) -> int:
     out.print(table)
     for note in result.notes:
         out.print(escape(note), highlight=False)
-    out.print(f"written: {result.out_dir}", highlight=False)
+    out.print(f"written: {result.out_dir}", highlight=False, soft_wrap=True)  # a new folder, path whole
     return 0
 
 
