@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,7 +78,10 @@ def test_preset_and_flags_and_config_file_compose(tmp_path):
             ["train", "ppo", "CartPole-v1", "--num-envs", "4", "--horizon", "8", "--minibatch-size", "64"],
             "rollout size horizon * num_envs = 8 * 4 = 32",
         ),
-        (["train", "ppo"], "needs an algorithm and an environment: phalanx train ALGO ENV [flags]"),
+        (
+            ["train", "ppo"],
+            "`phalanx train` needs an algorithm and an environment. usage: phalanx train ALGO",
+        ),
         (["eval", "/nonexistent/run"], "is not a phalanx run directory"),
         (["resume", "/nonexistent/run"], "is not a phalanx run directory"),
         (["check-env", "no_such_module_xyz:make"], "no_such_module_xyz"),
@@ -107,10 +112,41 @@ def test_eval_refuses_a_corrupt_checkpoint_without_touching_it(tmp_path, capsys)
     assert state.read_bytes() == b"garbage"
 
 
-def test_envs_lists_builtin_and_gymnasium_ids(capsys):
-    code, out = run_cli(capsys, "envs")
-    assert code == 0
-    assert "CartPole-v1" in out and "Acrobot-v1" in out and "LunarLander-v3" in out
+def test_train_without_arguments_lists_the_presets_on_stdout(capsys):
+    for help_flag in ([], ["--help"]):
+        assert main(["train", *help_flag]) == 0  # a listing, not an error
+        captured = capsys.readouterr()
+        assert captured.err == "" and captured.out.startswith("usage: phalanx train ALGO ENV [flags]")
+        assert re.search(r"^  ppo +CartPole-v1, Pendulum-v1, ", captured.out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("columns", [200, 60])
+def test_envs_lists_what_runs_marks_what_needs_an_extra_and_fits_the_terminal(capsys, monkeypatch, columns):
+    from phalanx.envs.registry import list_envs
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    sections: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        assert len(line) <= min(columns, 80), line
+        if not line.startswith(" "):  # a heading; the lines under it, continuations too, are indented
+            assert line.endswith(":"), line
+            heading = line
+            continue
+        sections.setdefault(heading, []).extend(re.findall(r"[\w/.:<>\[\]-]+", line))
+    gymnasium = next(ids for heading, ids in sections.items() if heading.startswith("Gymnasium ids ("))
+    assert "CartPole-v1" in gymnasium and "Ant-v5" in gymnasium and "Acrobot-v1" in gymnasium
+    for cannot_run in ("Ant-v2", "Hopper-v3", "GymV21Environment-v0", "GymV26Environment-v0"):
+        assert cannot_run not in out
+    needs_extra = list_envs()["needs_extra"]
+    if importlib.util.find_spec("Box2D") is None:  # marked with the extra, not among those that run now
+        assert needs_extra["LunarLander-v3"] == "box2d" and "LunarLander-v3" not in gymnasium
+        heading = "Gymnasium ids that need phalanx[box2d] (not installed):"
+        assert "LunarLander-v3" in sections[heading]
+    else:
+        assert "LunarLander-v3" in gymnasium
+    assert "simple_spread" in out and "pettingzoo:<module>[:<factory>]" in out
 
 
 def test_check_env_accepts_a_good_env_and_explains_a_broken_one(tmp_path, capsys, monkeypatch):

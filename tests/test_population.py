@@ -28,6 +28,7 @@ from phalanx.population import (
     Leaderboard,
     Mutation,
     PopulationConfig,
+    PopulationFailed,
     Resources,
     resume_population,
     run_population,
@@ -319,6 +320,152 @@ def test_a_crashed_member_restarts_from_its_checkpoint_then_is_removed_past_the_
     assert sum(m.status == "finished" for m in board.members.values()) == 2
 
 
+def test_a_population_in_which_no_member_scored_fails_with_why(tmp_path, capsys):
+    def broken(num_envs, device, **kwargs):
+        raise RuntimeError("injected: this env cannot be built")
+
+    register_env("Broken-v0", broken)
+    try:
+        directory = tmp_path / "pop"
+        with pytest.raises(PopulationFailed) as failed:
+            run_population(
+                tiny_population(directory, base=tiny_base(env="Broken-v0"), size=2, max_restarts=1),
+                show_progress=False,
+            )
+        message = str(failed.value)
+        assert f"no member of the population in {directory} produced a score" in message
+        assert "Every member m000, m001: crashed 2 times (max_restarts = 1); last error: RuntimeError: " in (
+            message
+        )
+        assert "injected: this env cannot be built" in message and "decisions.jsonl" in message
+        assert not (directory / "best").exists()
+        # The CLI: the ranking and the error, exit 1 (it ran, without a result), no "best member: None".
+        command = ["population", "run", "ppo", "Broken-v0", "--size", "2", "--backend", "serial"]
+        assert main([*command, "--max-restarts", "0", "--dir", str(tmp_path / "cli")]) == 1
+        output = capsys.readouterr()
+        assert "m001" in output.out and "best member:" not in output.out + output.err
+        assert "crashed 1 times (max_restarts = 0); last error: RuntimeError: injected" in output.err
+    finally:
+        unregister_env("Broken-v0")
+
+
+def test_a_multi_agent_population_copies_every_agents_networks_and_exports_the_best(tmp_path):
+    """MAPPO with an agent per network (three PPO units, three optimisers): a copy takes every unit's
+    networks and sets the mutated learning rate in every optimiser."""
+    directory = tmp_path / "pop"
+    command = ["population", "run", "mappo", "simple_spread", "--size", "3", "--replace-fraction", "0.34"]
+    command += ["--interval", "400", "--total-steps", "1200", "--num-envs", "16", "--eval-episodes", "4"]
+    command += ["--horizon", "25", "--epochs", "2", "--no-share-parameters", "--torch-threads", "1"]
+    command += ["--mutate", "learning_rate=perturb:0.5,2", "--backend", "serial", "--dir", str(directory)]
+    assert main(command) == 0
+    board = Leaderboard.load(directory)
+    assert all(m.status == "finished" and len(m.scores) == 3 for m in board.members.values())
+    assert board.lineage, "no member copied another"
+    last = board.lineage[-1]
+    state = load_checkpoint(_latest(directory / "members" / last["member"]))["algorithm"]
+    assert sorted(state) == ["agent/agent_0", "agent/agent_1", "agent/agent_2"]
+    rate = last["hyperparameters_after"]["learning_rate"]
+    assert all(unit["optimizer"]["param_groups"][0]["lr"] == pytest.approx(rate) for unit in state.values())
+    evaluation = evaluate(directory / "best", episodes=2, checkpoint="latest")
+    assert set(evaluation.agents) == {"agent_0", "agent_1", "agent_2"}
+
+
+@pytest.mark.slow
+def test_a_multi_agent_population_learns_simple_spread(tmp_path):
+    """Two MAPPO members, 100k env steps each: the best beats the random policy's team return (-26.6)
+    by the margin of the single-run learning test (tests/test_marl.py)."""
+    base = make_config(
+        "mappo", "simple_spread", num_envs=64, total_steps=100_000, eval_episodes=64, torch_threads=1
+    )
+    config = tiny_population(
+        tmp_path / "pop",
+        base=base,
+        size=2,
+        interval=50_000,
+        mutations={"learning_rate": Mutation(perturb=(0.8, 1.25))},
+    )
+    result = run_population(config, show_progress=False)
+    assert result.best_score > -26.6 + 4.0, result
+
+
+# -- random draws ------------------------------------------------------------------------------------------
+def _draws(board: Leaderboard) -> list[float]:
+    """Every learning rate the population drew: the members' starting values, then each copy's."""
+    starts = [m.schedule[0][1]["learning_rate"] for m in board.members.values()]
+    return starts + [copy["hyperparameters_after"]["learning_rate"] for copy in board.lineage]
+
+
+@pytest.mark.parametrize("backend", ["serial", "vectorized"])
+def test_seed_0_decisions_do_not_replay_the_members_starting_draws(tmp_path, monkeypatch, backend):
+    """No two random streams of the population are seeded alike (Python seeds by the absolute value,
+    so -1 and 1 are one stream). Every value is resampled (uniform, no perturb): a decision whose
+    stream were a member's starting stream would draw that member's starting learning rate again."""
+    seeds = []
+
+    class Recorded(random.Random):
+        def seed(self, a=None, version=2):
+            if isinstance(a, int):  # not None: an unseeded Random elsewhere (tempfile's)
+                seeds.append(abs(a))
+            super().seed(a, version)
+
+    monkeypatch.setattr(random, "Random", Recorded)
+    config = tiny_population(
+        tmp_path / "pop",
+        base=tiny_base(seed=0),
+        size=4,
+        replace_fraction=0.5,
+        backend=backend,
+        mutations={"learning_rate": Mutation(uniform=(1e-4, 1e-2))},
+    )
+    run_population(config, show_progress=False)
+    assert len(seeds) >= 6 and len(set(seeds)) == len(seeds), seeds
+    draws = _draws(Leaderboard.load(tmp_path / "pop"))
+    assert len(draws) >= 6 and len(set(draws)) == len(draws), draws
+
+
+def test_population_streams_are_independent_for_every_seed():
+    from phalanx.population.evolution import population_random
+
+    for seed in (0, 1, 2):
+        streams = [("member", k) for k in range(16)] + [("decision", k) for k in range(16)]
+        firsts = [population_random(seed, stream, index).random() for stream, index in streams]
+        assert len(set(firsts)) == len(firsts)
+        assert firsts == [population_random(seed, stream, index).random() for stream, index in streams]
+    assert population_random(0, "decision", 1).random() != population_random(1, "decision", 1).random()
+
+
+def test_a_resumed_population_continues_its_random_streams(tmp_path, monkeypatch):
+    """Generational, so that the order in which members train again after the resume does not change
+    what is selected: the resumed population draws what the straight one drew."""
+    from phalanx.population import PopulationInterrupted
+    from phalanx.population.orchestrator import Orchestrator
+
+    def outcome(directory: Path) -> tuple:
+        board = Leaderboard.load(directory)
+        members = {m.id: ([s[:2] for s in m.scores], m.schedule) for m in board.members.values()}
+        copies = [{k: v for k, v in copy.items() if k != "time_s"} for copy in board.lineage]
+        return members, copies, board.selections
+
+    def config(name: str) -> PopulationConfig:
+        return tiny_population(tmp_path / name, base=tiny_base(seed=0), strategy="generational")
+
+    original, reports = Orchestrator.handle, []
+
+    def handle_then_interrupt(self, report):  # Ctrl+C once the 6th report of 12 is recorded
+        original(self, report)
+        reports.append(report)
+        return len(reports) == 6
+
+    monkeypatch.setattr(Orchestrator, "handle", handle_then_interrupt)
+    with pytest.raises(PopulationInterrupted):
+        run_population(config("resumed"), show_progress=False)
+    monkeypatch.setattr(Orchestrator, "handle", original)
+    assert Leaderboard.load(tmp_path / "resumed").lineage, "no copy before the interruption"
+    resume_population(tmp_path / "resumed", show_progress=False)
+    run_population(config("straight"), show_progress=False)
+    assert outcome(tmp_path / "resumed") == outcome(tmp_path / "straight")
+
+
 # -- elasticity ------------------------------------------------------------------------------------------
 def test_lowering_max_concurrent_culls_the_weakest_and_raising_it_spawns_from_the_best(tmp_path):
     directory = tmp_path / "pop"
@@ -564,6 +711,16 @@ def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
     after = Leaderboard.load(directory)
     for member, scores in before.items():
         assert after.members[member].scores[:2] == scores and len(after.members[member].scores) == 3
+    # It goes on with the same random streams: what a straight run copies, scores and draws.
+    config.directory = str(tmp_path / "straight")
+    run_population(config, show_progress=False)
+    straight = Leaderboard.load(tmp_path / "straight")
+    assert [[s[:2] for s in m.scores] for m in straight.members.values()] == [
+        [s[:2] for s in m.scores] for m in after.members.values()
+    ]
+    assert [copy["hyperparameters_after"] for copy in straight.lineage] == [
+        copy["hyperparameters_after"] for copy in after.lineage
+    ]
 
 
 def test_vectorized_backend_refuses_what_it_cannot_batch(tmp_path):

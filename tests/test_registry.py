@@ -103,9 +103,31 @@ def test_register_refuses_builtin_ids_and_non_vecenv_factories(env_id):
 
 def test_list_envs():
     envs = list_envs()
-    assert set(envs) == {"builtin", "registered", "gymnasium"}
+    assert set(envs) == {"builtin", "registered", "gymnasium", "needs_extra"}
     assert envs["builtin"] == sorted([*CLASSIC_ENVS, "StockTrading-v0"])
-    assert "CartPole-v1" in envs["gymnasium"]
+    assert "CartPole-v1" in envs["gymnasium"] and "Ant-v2" not in envs["gymnasium"]
+    assert set(envs["needs_extra"]) <= set(envs["gymnasium"])
+
+
+@pytest.mark.parametrize(
+    ("env_id", "reason"),
+    [
+        (
+            "Ant-v2",
+            "MuJoCo v2 and v3 environments need mujoco-py, which phalanx does not support. Use 'Ant-v5'",
+        ),
+        ("Hopper-v3", "Use 'Hopper-v5' (the same task on the mujoco package"),
+        ("GymV21Environment-v0", "compatibility wrapper for environments of the old gym API"),
+    ],
+)
+def test_ids_phalanx_cannot_run_say_why_and_are_not_listed(env_id, reason):
+    with pytest.raises(EnvError) as info:
+        make_env(env_id)
+    message = str(info.value)
+    assert f"Environment {env_id!r} cannot run in phalanx: " in message and reason in message
+    if importlib.util.find_spec("mujoco") is not None:
+        assert "pip install" not in message  # not the extra that is installed already
+    assert env_id not in list_envs()["gymnasium"]
 
 
 def test_load_factory(tmp_path, monkeypatch):

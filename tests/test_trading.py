@@ -297,7 +297,7 @@ def test_backtest_end_to_end(trained_run):
     for name, curve in result.equity.items():
         assert curve[0] == 1e6
         assert result.metrics[name] == pytest.approx(m.performance_summary(curve, result.periods_per_year))
-    out = trained_run / "backtest"
+    out = trained_run / "backtest" / "2018-01-02_2022-12-28"
     assert result.out_dir == out and (out / "equity.png").stat().st_size > 10_000
     equity_rows = (out / "equity.csv").read_text().splitlines()
     assert equity_rows[0] == "date,agent,buy_and_hold,index" and len(equity_rows) == 1258
@@ -321,10 +321,22 @@ def test_backtest_periods_and_errors(trained_run):
         backtest(trained_run, "2022-12-28", "2022-12-28")
 
 
-def test_cli_backtest(trained_run, capsys):
+def test_cli_backtest(trained_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")  # the folder written is printed whole, on one line
     assert main(["backtest", str(trained_run), "--start", "2019-01-01", "--end", "2019-12-31"]) == 0
     out = capsys.readouterr().out
     assert "Sharpe ratio" in out and "2019-01-02..2019-12-31" in out and "index" in out
+    first = trained_run / "backtest" / "2019-01-02_2019-12-31"
+    assert f"written: {first}\n" in out and (first / "metrics.json").is_file()
+    # Another period gets its own folder; the same period again a new one beside the first, which stays.
+    (first / "metrics.json").write_text("the first backtest")
+    assert main(["backtest", str(trained_run), "--start", "2020-01-01", "--end", "2020-06-30"]) == 0
+    assert f"written: {trained_run / 'backtest' / '2020-01-02_2020-06-30'}\n" in capsys.readouterr().out
+    assert main(["backtest", str(trained_run), "--start", "2019-01-01", "--end", "2019-12-31"]) == 0
+    again = first.with_name("2019-01-02_2019-12-31_2")
+    assert f"written: {again}\n" in capsys.readouterr().out
+    assert (first / "metrics.json").read_text() == "the first backtest"
+    assert json.loads((again / "metrics.json").read_text())["period"] == ["2019-01-02", "2019-12-31"]
     assert main(["backtest", str(trained_run), "--start", "2030-01-01"]) == 2
     assert "the backtest period 2030-01-01" in capsys.readouterr().err
     assert main(["backtest", str(trained_run.parent / "missing")]) == 2
@@ -353,4 +365,5 @@ def test_example_trains_and_backtests(tmp_path, monkeypatch):
     module = runpy.run_path(str(ROOT / "examples" / "stock_trading.py"), run_name="example")
     result = module["main"](["--total-steps", "256", "--num-envs", "4", "--run-dir", str(tmp_path / "run")])
     assert set(result.metrics) == {"agent", "buy_and_hold", "index"}
-    assert (tmp_path / "run" / "backtest" / "equity.png").is_file()
+    assert result.out_dir == tmp_path / "run" / "backtest" / "2018-01-02_2022-12-28"
+    assert (result.out_dir / "equity.png").is_file()

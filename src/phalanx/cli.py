@@ -212,18 +212,14 @@ def parse_train_args(
     that the flags override, e.g. the base of a population file)."""
     import tyro
 
-    from phalanx.algos import algorithm_names, get_algorithm
-    from phalanx.config import TrainConfig, import_modules, load_yaml, make_config, presets
+    from phalanx.algos import get_algorithm
+    from phalanx.config import TrainConfig, import_modules, load_yaml, make_config
 
     positional = [a for a in argv[:2] if not a.startswith("-")]
     # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
     asking_help = len(positional) == 1 and any(a in ("-h", "--help") for a in argv)
     if len(positional) < 2 and not asking_help:
-        lines = [f"  {name:<12} presets: {', '.join(presets(name)) or '-'}" for name in algorithm_names()]
-        raise PhalanxError(
-            f"`{prog}` needs an algorithm and an environment: {prog} ALGO ENV [flags], "
-            f"e.g. `{prog} ppo CartPole-v1`. Algorithms:\n" + "\n".join(lines)
-        )
+        raise PhalanxError(f"`{prog}` needs an algorithm and an environment.\n{train_usage(prog)}")
     algo = positional[0]
     env = positional[1] if len(positional) > 1 else ""
     rest = argv[len(positional) :]
@@ -262,9 +258,45 @@ def parse_train_args(
     return config
 
 
+def train_usage(prog: str) -> str:
+    """How to call ``prog``, and the algorithms with the envs they have a preset for."""
+    from phalanx.algos import algorithm_names
+    from phalanx.config import presets
+
+    lines = [
+        wrapped(f"usage: {prog} ALGO ENV [flags], e.g. {prog} ppo CartPole-v1", "", "  "),
+        wrapped(f"`{prog} ALGO ENV --help` lists the flags, `phalanx envs` the env ids.", "", "  "),
+        "Algorithms, and the envs they have a tuned preset for (others: defaults):",
+    ]
+    lines += [
+        wrapped(", ".join(presets(name)) or "-", f"  {name:<12} ", " " * 15) for name in algorithm_names()
+    ]
+    return "\n".join(lines)
+
+
+def wrapped(text: str, first: str = "  ", indent: str = "    ") -> str:
+    """``text`` after ``first``, wrapped to the terminal (80 columns at most) with every continuation line
+    indented by ``indent``; words (env ids such as CartPole-v1) are never broken."""
+    import shutil
+    import textwrap
+
+    width = max(min(shutil.get_terminal_size().columns, 80), 40)
+    return textwrap.fill(
+        text,
+        width=width,
+        initial_indent=first,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
 def cmd_train(argv: list[str]) -> int:
     from phalanx.train.trainer import TrainingInterrupted, train
 
+    if not argv or argv in (["-h"], ["--help"]):  # a listing, not an error
+        print(train_usage("phalanx train"))
+        return 0
     config = parse_train_args(argv)
     try:
         result = train(
@@ -357,8 +389,9 @@ def cmd_backtest(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="phalanx backtest",
         description="Backtest a stock trading agent out of sample (deterministic policy, one episode "
-        "from the initial cash) against equal-weight buy-and-hold and the index; writes "
-        "RUN_DIR/backtest/ (equity.png, equity.csv, trades.csv, metrics.json).",
+        "from the initial cash) against equal-weight buy-and-hold and the index; writes a new folder "
+        "RUN_DIR/backtest/FIRST_LAST/ (equity.png, equity.csv, trades.csv, metrics.json; FIRST_LAST_2/ "
+        "and so on when the period was backtested before).",
     )
     parser.add_argument("run_dir")
     parser.add_argument("--start", default=None, help="first date (default: the env's test period)")
@@ -382,30 +415,38 @@ def cmd_backtest(argv: list[str]) -> int:
     out.print(table)
     for note in result.notes:
         out.print(escape(note), highlight=False)
-    out.print(f"written: {result.out_dir}", highlight=False)
+    out.print(f"written: {result.out_dir}", highlight=False, soft_wrap=True)  # a new folder, path whole
     return 0
 
 
 # -- envs / check-env ------------------------------------------------------------------------------
 def cmd_envs(argv: list[str]) -> int:
     from phalanx.envs.registry import list_envs
-
-    envs = list_envs()
-    out = Console()
-    out.print("[bold]built-in batched envs[/] (torch, any num_envs, CPU or CUDA):")
-    out.print("  " + ", ".join(envs["builtin"]))
-    if envs["registered"]:
-        out.print("[bold]registered[/]: " + ", ".join(envs["registered"]))
-    out.print(f"[bold]Gymnasium ids[/] ({len(envs['gymnasium'])}, stepped through the Gymnasium adapter):")
-    out.print("  " + ", ".join(envs["gymnasium"]), highlight=False)
     from phalanx.marl.registry import list_multi_agent_envs
 
+    envs = list_envs()
+    lines = ["built-in batched envs (torch, any num_envs, CPU or CUDA):", wrapped(", ".join(envs["builtin"]))]
+    if envs["registered"]:
+        lines += ["registered with phalanx.envs.register_env:", wrapped(", ".join(envs["registered"]))]
+    missing = envs["needs_extra"]
+    ready = [env_id for env_id in envs["gymnasium"] if env_id not in missing]
+    lines += [
+        f"Gymnasium ids ({len(ready)}, stepped through the Gymnasium adapter):",
+        wrapped(", ".join(ready)),
+    ]
+    for extra in sorted(set(missing.values())):
+        ids = [env_id for env_id, needed in missing.items() if needed == extra]
+        lines += [
+            f"Gymnasium ids that need phalanx[{extra}] (not installed):",
+            wrapped(", ".join(ids)),
+        ]
     multi_agent = list_multi_agent_envs()
-    out.print("[bold]multi-agent envs[/] (mappo, ippo, qmix, vdn, maddpg, matd3):")
-    out.print("  built-in: " + ", ".join(multi_agent["builtin"]), highlight=False)
+    lines.append("multi-agent envs (mappo, ippo, qmix, vdn, maddpg, matd3):")
+    lines.append(wrapped(", ".join(multi_agent["builtin"]), "  built-in: "))
     if multi_agent["registered"]:
-        out.print("  registered: " + ", ".join(multi_agent["registered"]), highlight=False)
-    out.print("  adapters: " + ", ".join(multi_agent["adapters"]), highlight=False)
+        lines.append(wrapped(", ".join(multi_agent["registered"]), "  registered: "))
+    lines.append(wrapped(", ".join(multi_agent["adapters"]), "  adapters: "))
+    print("\n".join(lines))
     return 0
 
 
@@ -577,7 +618,7 @@ def cmd_population(argv: list[str]) -> int:
         print(POPULATION_USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from phalanx.population import PopulationInterrupted, resume_population, run_population
+    from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
     from phalanx.population.leaderboard import Leaderboard, format_score
 
     say = lambda text: console.print(escape(text), highlight=False, soft_wrap=True)  # noqa: E731
@@ -603,6 +644,10 @@ def cmd_population(argv: list[str]) -> int:
     except PopulationInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
         return 130
+    except PopulationFailed as failed:  # it ran, and ended without a result
+        Console().print(Leaderboard.load(failed.directory).table())
+        console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
+        return 1
     Console().print(Leaderboard.load(result.directory).table())
     say(f"best member: {result.best_member}, score {format_score(result.best_score)}")
     say(f"best member's run directory: {result.best_run_dir}")

@@ -108,6 +108,10 @@ class Algorithm:
             clip_grad_norm(grads, max_grad_norm)
         optimizer.step()
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser the algorithm holds, by name (``Trainer.adopt`` sets their learning rates)."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, torch.optim.Optimizer)}
+
     def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

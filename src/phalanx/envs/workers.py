@@ -30,17 +30,12 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
+from phalanx.envs.registry import GYMNASIUM_EXTRAS, gymnasium_unavailable
 from phalanx.errors import EnvError
 
 __all__ = ["GymnasiumVecEnv", "ProcessVecEnv", "make_gym_env"]
 
 EnvFactory = Callable[..., gym.Env]
-
-# Where Gymnasium's optional environments live, and the phalanx extra that installs them.
-_EXTRAS = (
-    ("gymnasium.envs.box2d", "box2d"),
-    ("gymnasium.envs.mujoco", "mujoco"),
-)
 
 
 def _extra_for(env_id: str, error: BaseException) -> str | None:
@@ -50,7 +45,7 @@ def _extra_for(env_id: str, error: BaseException) -> str | None:
     if spec is not None and isinstance(spec.entry_point, str):
         entry_point = spec.entry_point
     text = f"{entry_point} {error}".lower()
-    for prefix, extra in _EXTRAS:
+    for prefix, (_, extra) in GYMNASIUM_EXTRAS.items():
         if entry_point.startswith(prefix):
             return extra
     for word, extra in (("box2d", "box2d"), ("mujoco", "mujoco"), ("pygame", "render")):
@@ -110,6 +105,9 @@ def _env_name(env: str | EnvFactory) -> str:
 def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> gym.Env:
     """One Gymnasium env from an id or factory, behind the API check; errors say what is missing."""
     name = _env_name(env)
+    unavailable = gymnasium_unavailable(env) if isinstance(env, str) else None
+    if unavailable is not None:
+        raise EnvError(f"Environment {name!r} cannot run in phalanx: {unavailable}.")
     try:
         inner = gym.make(env, **make_kwargs) if isinstance(env, str) else env(**make_kwargs)
     except EnvError:

@@ -11,7 +11,9 @@ deterministic policy through it. The benchmarks start with the same cash on the 
   initial cash, without costs.
 
 It reports the six metrics of :mod:`phalanx.finance.metrics` for each, and writes
-``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` into ``RUN_DIR/backtest/``.
+``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` into a new folder per backtest,
+``RUN_DIR/backtest/<first bar>_<last bar>/`` (``..._2/`` and so on when the period was backtested
+before: an earlier backtest is never written over).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +124,10 @@ def backtest(
     """Backtest the run's agent (deterministic policy) over ``start..end`` (default: the env's test
     period, e.g. 2018-2022 for StockTrading-v0) against equal-weight buy-and-hold and the index.
 
-    Writes ``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` to ``RUN_DIR/backtest/``
-    unless ``write`` is False. ``checkpoint`` is "best" (chosen by the training-period evaluation),
-    "latest", or a checkpoint path.
+    Writes ``equity.png``, ``equity.csv``, ``trades.csv`` and ``metrics.json`` to a new folder, the
+    result's ``out_dir``: ``RUN_DIR/backtest/<first bar>_<last bar>/``, suffixed ``_2``, ``_3``, ... if
+    the period was backtested before; unless ``write`` is False. ``checkpoint`` is "best" (chosen by
+    the training-period evaluation), "latest", or a checkpoint path.
     """
     from phalanx.agent import load_agent
     from phalanx.train.trainer import read_run_config
@@ -207,8 +211,7 @@ def backtest(
 
 
 def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndarray, cost: float) -> Path:
-    out = result.run_dir / "backtest"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _new_folder(result.run_dir / "backtest", "_".join(result.period))
     day = np.datetime_as_string(result.dates, unit="D" if env.market.daily else "m")
     with atomic_write(out / "equity.csv", "w", newline="") as file:
         writer = csv.writer(file)
@@ -248,6 +251,21 @@ def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndar
     write_text_atomic(out / "metrics.json", json.dumps(payload, indent=2) + "\n")
     _plot(result, out / "equity.png")
     return out
+
+
+def _new_folder(parent: Path, name: str) -> Path:
+    """A new folder ``parent/name`` (``:`` of intraday times made ``-``), or ``name_2``, ``name_3``, ...
+    when that exists: a backtest never writes over an earlier one."""
+    name = re.sub(r"[^0-9A-Za-z_.-]", "-", name)
+    parent.mkdir(parents=True, exist_ok=True)
+    candidate, suffix = parent / name, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            suffix += 1
+            candidate = parent / f"{name}_{suffix}"
 
 
 def _plot(result: BacktestResult, path: Path) -> None:

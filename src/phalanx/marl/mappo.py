@@ -218,6 +218,13 @@ class MAPPO(MultiAgentAlgorithm):
         )
 
     # -- state -----------------------------------------------------------------------------------
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {
+            f"{unit.key}/{name}": optimizer
+            for unit in self.units
+            for name, optimizer in unit.ppo.optimizers().items()
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {unit.key: unit.ppo.state_dict() for unit in self.units}
 

@@ -22,7 +22,6 @@ import torch
 
 from phalanx.algos import get_algorithm
 from phalanx.config import TrainConfig
-from phalanx.errors import ConfigError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
 from phalanx.marl.core import Groups, MultiAgentVecEnv
@@ -191,7 +190,7 @@ class MultiAgentTrainer(Trainer):
         )
         self.eval_env = make_multi_agent_env(config.env, num_envs=config.eval_episodes, device=config.device)
         self.spec = MultiAgentSpec.of(self.env)
-        self.algorithm = get_algorithm(config.algo)(config.hyperparameters, self.spec, self.device)
+        self.algorithm = self.new_algorithm()
         self.obs_statistics = None
         self.statistics_syncs = []
         self.step_size = config.num_envs
@@ -224,11 +223,8 @@ class MultiAgentTrainer(Trainer):
             "eval_team_returns": evaluation.teams if evaluation else None,
         }
 
-    def adopt(self, *args: Any, **kwargs: Any) -> None:
-        raise ConfigError(
-            f"{self.config.algo} is a multi-agent algorithm; population-based training runs single-agent "
-            "algorithms only."
-        )
+    def new_algorithm(self) -> MultiAgentAlgorithm:
+        return get_algorithm(self.config.algo)(self.config.hyperparameters, self.spec, self.device)
 
 
 MultiAgentAlgorithm.trainer_class = MultiAgentTrainer

@@ -4,6 +4,7 @@ a backend (serial, process, ray) or as one vectorized run (see docs/population.m
 from phalanx.population.evolution import Mutation, PopulationConfig, Resources
 from phalanx.population.leaderboard import Leaderboard
 from phalanx.population.orchestrator import (
+    PopulationFailed,
     PopulationInterrupted,
     PopulationResult,
     resume_population,
@@ -14,6 +15,7 @@ __all__ = [
     "Leaderboard",
     "Mutation",
     "PopulationConfig",
+    "PopulationFailed",
     "PopulationInterrupted",
     "PopulationResult",
     "Resources",

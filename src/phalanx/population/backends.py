@@ -75,6 +75,9 @@ class Member:
         self.member: str | None = None
         self.stop_requested = threading.Event()
         """Set by :meth:`stop`; every trainer of this member stops at its next safe point on it."""
+        self.rng: dict[str, Any] = {}
+        """The torch RNG state the last task left (a member's own, restored when its next task runs
+        here after other members', as a member rebuilt from its checkpoint restores it)."""
         if threads:
             torch.set_num_threads(threads)
 
@@ -95,6 +98,7 @@ class Member:
                 trainer.adopt(None, task.hyperparameters)
             trainer.config.total_steps = task.target
             summary = trainer.train().summary
+            self.rng = _rng_state(trainer.device)
         except TrainingInterrupted as interrupted:
             self.close()
             return Report(
@@ -116,15 +120,18 @@ class Member:
         )
 
     def _trainer_for(self, task: Task) -> Any:
-        from phalanx.train.trainer import Trainer
+        from phalanx.train.trainer import trainer_class
 
         if self.trainer is not None and self.member == task.member:
+            torch.set_rng_state(self.rng["torch"])
+            if "cuda" in self.rng:
+                torch.cuda.set_rng_state(self.rng["cuda"], self.trainer.device)
             return self.trainer
         self.close()
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
         run_dir = Path(config.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = Trainer(config, run_dir=run_dir, show_progress=False)
+        trainer = trainer_class(config)(config, run_dir=run_dir, show_progress=False)
         latest = trainer.checkpoints.latest()
         if latest is not None:  # this member trained before (elsewhere, or before a crash or resume)
             try:
@@ -145,6 +152,14 @@ class Member:
         if self.trainer is not None:
             self.trainer.close()
         self.trainer = self.member = None
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """The torch RNG state a checkpoint saves (``Trainer.shard_state``), of the CPU and ``device``."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
 def _load_donor(checkpoint: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from phalanx.config import TrainConfig, _is_int, check, coerce, load_yaml, parse_scalar
@@ -423,6 +424,21 @@ def explore(
 ) -> dict[str, Any]:
     """New values of the mutated hyperparameters, from the copied ones."""
     return {name: mutation.mutate(hyperparameters[name], rng) for name, mutation in mutations.items()}
+
+
+# -- random streams ---------------------------------------------------------------------------------
+STREAMS = ("member", "decision")
+"""What a population draws at random: a member's starting hyperparameters (indexed by the member) and
+each decision's draws (selection, tournament, mutation; indexed by the number of decisions so far)."""
+
+
+def population_random(seed: int, stream: str, index: int) -> random.Random:
+    """The draws of member ``index``'s start or of decision ``index``: an independent stream derived
+    from the base ``seed`` by :class:`numpy.random.SeedSequence` (spawn key: the stream, the index), so
+    that no draw of a population replays another, for any seed (0 included); the same seed, stream and
+    index give the same draws, and a resume goes on with the decision count of the leaderboard."""
+    words = np.random.SeedSequence(seed, spawn_key=(STREAMS.index(stream), index)).generate_state(4)
+    return random.Random(sum(int(word) << (32 * i) for i, word in enumerate(words)))
 
 
 def initial_hyperparameters(config: PopulationConfig, rng: random.Random) -> dict[str, Any]:

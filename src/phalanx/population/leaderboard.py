@@ -53,7 +53,7 @@ class Leaderboard:
         self.directory = Path(directory)
         self.members: dict[str, MemberRecord] = {}
         self.lineage: list[dict[str, Any]] = []
-        self.selections = 0  # selection rounds so far: seeds the random draws, so a resume repeats them
+        self.selections = 0  # decisions drawn so far: the next one's random stream, so a resume repeats them
         self.generation = 0
         self.started = time.time()
         self.elapsed_before = 0.0  # seconds of earlier sessions (a resumed population)

@@ -20,6 +20,7 @@ Population directory::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -40,6 +41,7 @@ from phalanx.population.evolution import (
     generational_plan,
     initial_hyperparameters,
     member_config,
+    population_random,
     ranking,
     split,
     tournament_donor,
@@ -54,9 +56,9 @@ MEMBER_SEED_STRIDE = 10_000
 @dataclass
 class PopulationResult:
     directory: Path
-    best_member: str | None
-    best_score: float | None
-    best_run_dir: Path | None
+    best_member: str
+    best_score: float
+    best_run_dir: Path
     """The best member exported as an ordinary run directory."""
 
 
@@ -67,6 +69,34 @@ class PopulationInterrupted(PhalanxError):
         super().__init__(
             f"population interrupted; every member saved a checkpoint. Continue with "
             f"`phalanx population resume {directory}`."
+        )
+        self.directory = directory
+
+
+class PopulationFailed(PhalanxError):
+    """No member produced a score (every one crashed past max_restarts): there is no best member."""
+
+    def __init__(self, board: Leaderboard) -> None:
+        directory = board.directory
+        removals = {}  # member -> why it was removed, with its last error (decisions.jsonl)
+        log = directory / "decisions.jsonl"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by a kill
+                entry = json.loads(line)
+                if entry.get("event") == "remove":
+                    removals[entry["member"]] = entry["reason"]
+        members: dict[str, list[str]] = {}  # reason -> the members it applies to
+        for member in board.members.values():
+            reason = removals.get(member.id) or member.reason or f"has no score (status {member.status})"
+            members.setdefault(reason, []).append(member.id)
+        why = "; ".join(
+            f"{'Every member' if len(ids) == len(board.members) > 1 else 'Member'} {', '.join(ids)}: {reason}"
+            for reason, ids in members.items()
+        )
+        super().__init__(
+            f"no member of the population in {directory} produced a score, so there is no best member. "
+            f"{why}. The full tracebacks are the 'error' of the restart and remove entries in {log}. Fix "
+            "the cause and start a new population (a resume does not bring removed members back)."
         )
         self.directory = directory
 
@@ -148,16 +178,16 @@ class Orchestrator:
             self.spawn(best, f"the resources grew: {capacity} members fit instead of {before}")
 
     def spawn(self, parent: MemberRecord | None, reason: str) -> MemberRecord:
-        rng = self.rng()
         index = len(self.board.members)
         if parent is None or parent.checkpoint is None:
+            rng = population_random(self.config.base.seed, "member", index)
             hyperparameters = initial_hyperparameters(self.config, rng)
             record = self.board.add(
                 MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters)
             )
             self.decide("spawn", record.id, f"{reason}; no member has been scored yet: a new member")
             return record
-        hyperparameters = explore(parent.hyperparameters, self.config.mutations, rng)
+        hyperparameters = explore(parent.hyperparameters, self.config.mutations, self.rng())
         record = self.board.add(
             MemberRecord(self.board.next_id(), self.member_seed(index), hyperparameters, steps=parent.steps)
         )
@@ -287,10 +317,7 @@ class Orchestrator:
 
     # -- selection -------------------------------------------------------------------------------
     def rng(self) -> random.Random:
-        """The random draws of the next decision: seeded by the base seed and the decisions so far, so
-        that a resumed population draws what it would have drawn."""
-        self.board.selections += 1
-        return random.Random(self.config.base.seed * 1_000_003 + self.board.selections)
+        return next_decision(self.config, self.board)
 
     def select_tournament(self, member: MemberRecord) -> None:
         scores = self.board.scores()
@@ -366,11 +393,11 @@ class Orchestrator:
         self.board.save()
         self.board.write_report()
         best = self.board.best()
-        exported = None
-        if best is not None:
-            exported = self.directory / "best"
-            with replace_directory(exported) as directory:
-                shutil.copytree(self.member_dir(best.id), directory, dirs_exist_ok=True)
+        if best is None:
+            raise PopulationFailed(self.board)
+        exported = self.directory / "best"
+        with replace_directory(exported) as directory:
+            shutil.copytree(self.member_dir(best.id), directory, dirs_exist_ok=True)
         return _exported(self.board, best, exported, self.say)
 
     def member_dir(self, member: str) -> Path:
@@ -398,6 +425,13 @@ def member_seed(config: PopulationConfig, index: int) -> int:
     return config.base.seed + index * MEMBER_SEED_STRIDE
 
 
+def next_decision(config: PopulationConfig, board: Leaderboard) -> random.Random:
+    """The random draws of the next decision: the decision stream at the count of decisions so far,
+    which the leaderboard keeps, so that a resumed population draws what it would have drawn."""
+    board.selections += 1
+    return population_random(config.base.seed, "decision", board.selections)
+
+
 def _decide(
     board: Leaderboard,
     say: Callable[[str], None],
@@ -412,11 +446,9 @@ def _decide(
 
 
 def _exported(
-    board: Leaderboard, best: MemberRecord | None, exported: Path | None, say: Callable[[str], None]
+    board: Leaderboard, best: MemberRecord, exported: Path, say: Callable[[str], None]
 ) -> PopulationResult:
     """The result, after noting in the exported run directory which member it is (population.json)."""
-    if best is None:
-        return PopulationResult(board.directory, None, None, None)
     note = {"member": best.id, "score": best.score, "hyperparameters": best.hyperparameters}
     write_text_atomic(exported / "population.json", json.dumps(note, indent=1) + "\n")
     _decide(
@@ -498,8 +530,7 @@ class VectorizedRun:
     def select(self) -> None:
         board, config = self.board, self.config
         scores = board.scores(self.members)
-        rng = random.Random(config.base.seed * 1_000_003 + board.selections)
-        board.selections += 1
+        rng = next_decision(config, board)
         if config.strategy == "generational":
             plan = generational_plan(scores, config.replace_fraction, config.tournament_size, rng)
             kind, why = (
@@ -574,7 +605,7 @@ def run_population(config: PopulationConfig, show_progress: bool = True) -> Popu
         config.directory = str(directory)
         config.save(directory / "population.yaml")
         for index in range(config.size):
-            rng = random.Random(config.base.seed * 1_000_003 - index - 1)
+            rng = population_random(config.base.seed, "member", index)
             seed = member_seed(config, index)
             board.add(MemberRecord(board.next_id(), seed, initial_hyperparameters(config, rng)))
         board.save()

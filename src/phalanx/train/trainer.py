@@ -366,9 +366,7 @@ class Trainer:
             candidate.validate()
             config.hyperparameters = candidate.hyperparameters
         old = self.algorithm
-        algorithm = get_algorithm(config.algo)(
-            config.hyperparameters, old.observation_space, old.action_space, self.device
-        )
+        algorithm = self.new_algorithm()
         learning_rates = _learning_rates(algorithm)  # from the new hyperparameters
         state = agent["algorithm"] if agent is not None else old.state_dict()
         try:
@@ -379,8 +377,8 @@ class Trainer:
                 f"{hyperparameters}: {str(error).splitlines()[0]}. Hyperparameters that change the "
                 "networks' shapes (hidden_sizes) cannot be changed while training goes on."
             ) from None
-        for optimizer, rates in learning_rates.items():
-            for group, rate in zip(getattr(algorithm, optimizer).param_groups, rates, strict=True):
+        for name, optimizer in algorithm.optimizers().items():
+            for group, rate in zip(optimizer.param_groups, learning_rates[name], strict=True):
                 group["lr"] = rate
         self.algorithm = self.worker.algorithm = self.learner.algorithm = algorithm
         if agent is not None and agent.get("obs_statistics") is not None and self.obs_statistics is not None:
@@ -398,6 +396,13 @@ class Trainer:
             self.steps = self.next_log = steps
             self.next_eval = steps + config.eval_every if config.eval_every else math.inf
             self.next_checkpoint = steps + config.checkpoint_every if config.checkpoint_every else math.inf
+
+    def new_algorithm(self) -> Algorithm:
+        """A new algorithm for this run's spaces, built from the current hyperparameters (``adopt``)."""
+        old = self.algorithm
+        return get_algorithm(self.config.algo)(
+            self.config.hyperparameters, old.observation_space, old.action_space, self.device
+        )
 
     @property
     def env_steps_in_processes(self) -> bool:
@@ -1080,11 +1085,10 @@ def _run_learner(
 
 
 def _learning_rates(algorithm: Algorithm) -> dict[str, list[float]]:
-    """The learning rate of every parameter group of every optimiser an algorithm holds, by attribute."""
+    """The learning rate of every parameter group of every optimiser an algorithm holds, by name."""
     return {
-        name: [group["lr"] for group in value.param_groups]
-        for name, value in vars(algorithm).items()
-        if isinstance(value, torch.optim.Optimizer)
+        name: [group["lr"] for group in optimizer.param_groups]
+        for name, optimizer in algorithm.optimizers().items()
     }
 
 
