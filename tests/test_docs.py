@@ -17,12 +17,16 @@ Conventions of the Markdown source (a contributor's reference; the rendered docs
   commands before created. A ``yaml`` block whose first line is ``# file: NAME.yaml`` is written to that
   file when the commands reach it. ``# requires: ...`` works as in Python blocks.
 - ``<!-- not run by tests/test_docs.py: REASON -->`` on the line above a block: it cannot run on a CI
-  machine (a GPU, a Ray cluster, several machines, installing packages, ``make``). Such blocks are
-  listed by :func:`test_blocks_not_run_here_say_why`, one skipped test each with its reason.
+  machine (a GPU, a Ray cluster, several machines, installing packages, ``make``).
+  ``<!-- run by tests/test_docs.py only with -m slow: REASON -->``: a bash block that runs only in the
+  slow suite (``make test-all``), to keep the default suite's time. Both kinds are listed by
+  :func:`test_blocks_not_run_here_say_why`, one skipped test each with its reason.
 - Budgets: scripts and commands run with ``PHALANX_MAX_STEPS`` set (an environment variable the docs never
   show), which caps every run's ``total_steps`` (``phalanx.config.TrainConfig``), so a documented
   1M-step run ends after a few thousand steps. A command with ``--stop-return`` runs its whole budget:
   it must reach the return, or it exits 1.
+- The scripts and pages run in the background, two at a time (:class:`BlockRunner`); each test waits
+  for its own.
 - Checks: exit status 0 and no ``Traceback`` in the output. A ``print(...)`` whose comment shows a
   Python value, as in ``print(x.shape)  # (65536, 4)`` or a comment line of its own after the print,
   must print that value (compared without spaces and brackets, so ``torch.Size([65536, 4])`` shows
@@ -32,15 +36,20 @@ Conventions of the Markdown source (a contributor's reference; the rendered docs
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import os
 import re
-import resource
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -51,7 +60,7 @@ import phalanx
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONTINUES = "# (continues the block above)"
-NOT_RUN = re.compile(r"^<!-- not run by tests/test_docs\.py: (.+?) -->$")
+MARKER = re.compile(r"^<!-- (not run by|run by) tests/test_docs\.py(?: only with -m slow)?: (.+?) -->$")
 LANGUAGES = ("python", "bash", "yaml", "text")
 MAX_STEPS = 2048  # PHALANX_MAX_STEPS of every script and command (but those with --stop-return)
 TIMEOUT_S = 900  # per script or command: generous, for a loaded machine
@@ -64,6 +73,7 @@ class Block:
     language: str
     code: str
     not_run: str | None  # the reason given in the doc source
+    slow: str | None  # the reason it runs only with -m slow
 
     @property
     def where(self) -> str:
@@ -84,10 +94,11 @@ def read_blocks(page: Path) -> list[Block]:
             end += 1
         assert end < len(lines), f"{page.name}:{start + 1}: a code block is not closed"
         above = next((line for line in reversed(lines[:start]) if line.strip()), "")
-        marker = NOT_RUN.match(above.strip())
+        marker = MARKER.match(above.strip())
+        not_run = marker.group(2) if marker and marker.group(1) == "not run by" else None
+        slow = marker.group(2) if marker and marker.group(1) == "run by" else None
         code = "\n".join(lines[start + 1 : end]) + "\n"
-        relative = str(page.relative_to(ROOT))
-        blocks.append(Block(relative, start + 1, language, code, marker.group(1) if marker else None))
+        blocks.append(Block(str(page.relative_to(ROOT)), start + 1, language, code, not_run, slow))
         index = end + 1
     return blocks
 
@@ -223,14 +234,18 @@ def test_every_code_block_is_fenced_with_a_language():
     assert not problems, "\n".join(problems)
 
 
-NOT_RUN_HERE = [block for block in ALL_BLOCKS if block.not_run or header(block.code, "requires")]
+NOT_RUN_HERE = [
+    block for block in ALL_BLOCKS if block.not_run or block.slow or header(block.code, "requires")
+]
 
 
 @pytest.mark.parametrize("block", NOT_RUN_HERE, ids=[block.where for block in NOT_RUN_HERE])
 def test_blocks_not_run_here_say_why(block):
-    """The blocks a CI machine does not run, each with its reason (``pytest -rs`` lists them)."""
+    """The blocks the default suite does not run, each with its reason (``pytest -rs`` lists them)."""
     if block.not_run:
         pytest.skip(f"{block.where} is not run: {block.not_run}")
+    if block.slow:
+        pytest.skip(f"{block.where} runs only with -m slow (make test-all): {block.slow}")
     missing = missing_requirement(block.code)
     if missing:
         pytest.skip(f"{block.where} is not run here: it {missing}")
@@ -238,17 +253,17 @@ def test_blocks_not_run_here_say_why(block):
 
 def test_not_run_markers_are_well_formed():
     """A misspelt marker, or one that is not right above a block, would not take a block out: say so."""
-    marked = {block.where for block in ALL_BLOCKS if block.not_run}
+    marked = {block.where for block in ALL_BLOCKS if block.not_run or block.slow}
     written = [
         f"{page.relative_to(ROOT)}:{number}"
         for page in PAGES
         for number, line in enumerate(page.read_text().splitlines(), start=1)
-        if "not run by" in line
+        if "<!--" in line and "test_docs.py" in line
     ]
     assert len(written) == len(marked), f"markers {written} take out only the blocks {sorted(marked)}"
 
 
-# -- python blocks ----------------------------------------------------------------------------------
+# -- python blocks and bash blocks -------------------------------------------------------------------
 def python_chains() -> list[list[Block]]:
     """The python blocks of every page grouped into scripts: a block with the CONTINUES marker joins
     the script of the block above it."""
@@ -266,24 +281,6 @@ def python_chains() -> list[list[Block]]:
     return chains
 
 
-PYTHON_CHAINS = python_chains()
-
-
-@pytest.mark.parametrize("chain", PYTHON_CHAINS, ids=[chain[-1].where for chain in PYTHON_CHAINS])
-def test_python_block_runs_as_a_script(chain, tmp_path):
-    code = "".join(f"# --- {block.where} ---\n{block.code}" for block in chain)
-    missing = missing_requirement(chain[0].code)
-    if missing:
-        pytest.skip(f"{chain[-1].where} {missing}")
-    name = (header(chain[0].code, "file") or ["block.py"])[0]
-    (tmp_path / name).write_text(code)
-    result = subprocess.run(
-        [sys.executable, name], cwd=tmp_path, env=run_env(), capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    check_output(chain[-1].where, "the script", result, shown_values(code))
-
-
-# -- bash blocks ------------------------------------------------------------------------------------
 def shell_commands(code: str) -> list[str]:
     """The commands of a bash block: continuation lines joined, comments and blank lines left out."""
     commands, current = [], ""
@@ -311,39 +308,97 @@ def resolve_stamps(command: str, directory: Path, where: str) -> str:
     return re.sub(r"[^\s'\"]*<stamp>[^\s'\"]*", newest, command)
 
 
-def reader_directory(tmp_path: Path) -> tuple[Path, Path]:
+def reader_directory(directory: Path) -> tuple[Path, Path]:
     """A directory like a fresh clone's root (examples/, .venv/bin/phalanx and python), and a directory of
     the same commands to put on PATH."""
-    work, shims = tmp_path / "repo", tmp_path / "shims"
+    work, shims = directory / "repo", directory / "shims"
     shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__"))
-    for directory in (work / ".venv" / "bin", shims):
-        directory.mkdir(parents=True)
+    for bin_directory in (work / ".venv" / "bin", shims):
+        bin_directory.mkdir(parents=True)
         for name, command in (
             ("phalanx", f'"{sys.executable}" -m phalanx'),
             ("python", f'"{sys.executable}"'),
         ):
-            (directory / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
-            (directory / name).chmod(0o755)
+            (bin_directory / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+            (bin_directory / name).chmod(0o755)
     return work, shims
 
 
-def children_cpu_time() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+class BlockRunner:
+    """Runs what the selected tests ask for (a python script, a page's commands) in the background, two
+    at a time, each test waiting for its own: a script or command mostly keeps one core busy, so on a
+    2-core machine the second core halves the wall time of these tests."""
+
+    def __init__(self, directory: Path, units: dict[str, Callable[[BlockRunner, Path], str]]) -> None:
+        self.processes: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.futures = {
+            key: self.pool.submit(self.outcome, unit, directory / re.sub(r"\W+", "_", key))
+            for key, unit in units.items()
+        }
+
+    def outcome(self, unit: Callable[[BlockRunner, Path], str], directory: Path) -> tuple[str | None, str]:
+        """(the failure, or None; what the unit printed)."""
+        directory.mkdir(parents=True)
+        try:
+            return None, unit(self, directory)
+        except AssertionError as failure:
+            return str(failure), ""
+
+    def result(self, key: str) -> tuple[str | None, str]:
+        return self.futures[key].result()
+
+    def run(self, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+        """``subprocess.run`` in a session of its own, so that close() can stop it and its children."""
+        process = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        with self.lock:
+            self.processes.add(process)
+        try:
+            stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            stderr += f"\n(stopped after {TIMEOUT_S} s)"
+        finally:
+            with self.lock:
+                self.processes.discard(process)
+        return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+    def close(self) -> None:
+        """Cancel what has not started; stop the process groups still running (an interrupted session)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            for process in self.processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
 
 
-SHELL_PAGES = [
-    page for page, blocks in BLOCKS.items() if any(b.language == "bash" and not b.not_run for b in blocks)
-]
+def run_python_chain(chain: list[Block], runner: BlockRunner, directory: Path) -> str:
+    code = "".join(f"# --- {block.where} ---\n{block.code}" for block in chain)
+    name = (header(chain[0].code, "file") or ["block.py"])[0]
+    (directory / name).write_text(code)
+    result = runner.run([sys.executable, name], directory, run_env())
+    check_output(chain[-1].where, "the script", result, shown_values(code))
+    return ""
 
 
-@pytest.mark.parametrize("page", SHELL_PAGES)
-def test_shell_blocks_run_in_order(page, tmp_path):
-    work, shims = reader_directory(tmp_path)
+def run_shell_page(page: str, slow: bool, runner: BlockRunner, directory: Path) -> str:
+    """The page's bash blocks in order, one command at a time, in one directory (``slow``: with the
+    blocks only ``-m slow`` runs); returns the commands' times."""
+    work, shims = reader_directory(directory)
     timings = []
     for block in BLOCKS[page]:
-        if block.not_run or missing_requirement(block.code):  # listed by test_blocks_not_run_here_say_why
-            continue
+        if block.not_run or (block.slow and not slow) or missing_requirement(block.code):
+            continue  # listed by test_blocks_not_run_here_say_why
         if block.language == "yaml" and header(block.code, "file"):
             (work / header(block.code, "file")[0]).write_text(block.code)
         if block.language != "bash":
@@ -351,14 +406,59 @@ def test_shell_blocks_run_in_order(page, tmp_path):
         for command in shell_commands(block.code):
             command = resolve_stamps(command, work, block.where)
             env = run_env(None if "--stop-return" in command else MAX_STEPS, path=shims)
-            start, cpu = time.perf_counter(), children_cpu_time()
-            result = subprocess.run(
-                ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-            )
-            wall, cpu = time.perf_counter() - start, children_cpu_time() - cpu
-            timings.append(f"{wall:6.1f} s ({cpu:5.1f} s CPU)  {command}")
+            start = time.perf_counter()
+            result = runner.run(["bash", "-c", command], work, env)
+            timings.append(f"{time.perf_counter() - start:6.1f} s  {command}")
             check_output(block.where, f"`{command}`", result)
-    print("\n".join(timings))
+    return "\n".join(timings)
+
+
+PYTHON_CHAINS = python_chains()
+SHELL_PAGES = [
+    pytest.param(
+        page, slow, id=page + (" with the slow blocks" if slow else ""), marks=[pytest.mark.slow] * slow
+    )
+    for page, blocks in BLOCKS.items()
+    for slow in (False, True)
+    if any(block.language == "bash" and not block.not_run and (slow or not block.slow) for block in blocks)
+    and (not slow or any(block.slow for block in blocks))
+]
+
+
+@pytest.fixture(scope="session")
+def block_runner(request, tmp_path_factory):
+    """Starts, in the background, every script and page of commands the selected tests will ask for."""
+    units = {}
+    for item in request.session.items:  # the pages first: they take longest
+        if getattr(item, "originalname", "") == "test_shell_blocks_run_in_order":
+            page, slow = item.callspec.params["page"], item.callspec.params["slow"]
+            units[f"shell {page} {slow}"] = functools.partial(run_shell_page, page, slow)
+    for item in request.session.items:
+        if getattr(item, "originalname", "") == "test_python_block_runs_as_a_script":
+            chain = item.callspec.params["chain"]
+            if not missing_requirement(chain[0].code):
+                units[f"python {chain[-1].where}"] = functools.partial(run_python_chain, chain)
+    runner = BlockRunner(tmp_path_factory.mktemp("docs"), units)
+    yield runner
+    runner.close()
+
+
+@pytest.mark.parametrize("chain", PYTHON_CHAINS, ids=[chain[-1].where for chain in PYTHON_CHAINS])
+def test_python_block_runs_as_a_script(chain, block_runner):
+    missing = missing_requirement(chain[0].code)
+    if missing:
+        pytest.skip(f"{chain[-1].where} {missing}")
+    failure, _ = block_runner.result(f"python {chain[-1].where}")
+    if failure:
+        pytest.fail(failure, pytrace=False)
+
+
+@pytest.mark.parametrize("page, slow", SHELL_PAGES)
+def test_shell_blocks_run_in_order(page, slow, block_runner):
+    failure, timings = block_runner.result(f"shell {page} {slow}")
+    if failure:
+        pytest.fail(failure, pytrace=False)
+    print(timings)
 
 
 # -- what the pages say -------------------------------------------------------------------------------
