@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
 import types
 import typing
@@ -130,6 +131,15 @@ class TrainConfig:
     so that eval, resume, backtest and load_agent import them again."""
     hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)
     """The algorithm's hyperparameters."""
+
+    def __post_init__(self) -> None:
+        # For tests only: tests/test_docs.py runs the docs' scripts and commands with PHALANX_MAX_STEPS
+        # set, which caps the budget of every run, so that a documented 1M-step run ends after a few
+        # thousand steps. Every TrainConfig passes here (make_config, the CLI, YAML files, resume, the
+        # Trainer's copy, population members), so no run escapes the cap.
+        cap = os.environ.get("PHALANX_MAX_STEPS")
+        if cap and _is_int(self.total_steps):
+            self.total_steps = min(self.total_steps, int(cap))
 
     def validate(self) -> None:
         """Check every field; raise ConfigError naming the field, the value and the fix."""
