@@ -311,6 +311,7 @@ def plot_curve(run_dir: Path, title: str) -> Path | None:
         axis.plot(
             steps,
             [r["episode_return_mean"] for r in training],
+            marker="." if len(steps) == 1 else None,  # a line of one point draws nothing
             label="training episodes (stochastic)",
             alpha=0.7,
         )
