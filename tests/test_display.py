@@ -61,6 +61,20 @@ def test_progress_fits_and_labels_every_number(tmp_path, width):
     assert "eval return 483.3 (step 1,223,680)" in text
 
 
+def test_the_bar_never_shows_fewer_steps_than_an_evaluation(tmp_path):
+    # An off-policy run logs a training row every log_every steps; its evaluations come more often. The
+    # bar must not stay at the first row's 16 steps while the line under it names step 4,096.
+    logger = RunLogger(tmp_path, 200_000, show_progress=True, tensorboard=False, console=console(80))
+    try:
+        logger.log({"steps": 16, "wall_time_s": 0.1, "steps_per_second": 160.0, "updates": 0})
+        logger.log_evaluation({"steps": 4096, "wall_time_s": 9.0, "eval_return_mean": -142.7})
+        text = "\n".join(render(80, logger.progress))
+    finally:
+        logger.close()
+    assert "4,096/200,000 steps" in text, text
+    assert "eval return -142.7 (step 4,096)" in text
+
+
 @pytest.mark.parametrize("width", [80, 60])
 def test_summary_labels_every_number_and_prints_the_run_directory_whole(width):
     run_dir = "runs/" + "gym_ALE_Breakout-v5__ppo__s12345__20250101-120000/" * 2

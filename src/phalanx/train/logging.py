@@ -206,9 +206,10 @@ class TrainingProgress(Progress):
         self.update(self.task, completed=steps)
 
     def evaluation(self, row: dict[str, Any]) -> None:
-        self.numbers["eval_return"] = (
-            f"eval return {row['eval_return_mean']:.1f} (step {int(row['steps']):,})"
-        )
+        steps = int(row["steps"])
+        self.numbers["eval_return"] = f"eval return {row['eval_return_mean']:.1f} (step {steps:,})"
+        # training has reached at least the evaluated step: the bar never shows fewer steps than that
+        self.update(self.task, completed=max(self._tasks[self.task].completed, steps))
         self.refresh()
 
     def get_renderables(self) -> Iterable[RenderableType]:
