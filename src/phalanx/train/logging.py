@@ -54,10 +54,10 @@ class StepTable:
         self.columns = list(first_columns)
         if not path.is_file():  # written with the first row
             return
-        rows, header = self._read()
+        rows, header, torn = self._read()
         self.columns += [column for column in header if column not in self.columns]
         kept = [row for row in rows if row.get("steps") and float(row["steps"]) <= steps]
-        if len(kept) < len(rows) or header != self.columns or not self.path.read_text().endswith("\n"):
+        if len(kept) < len(rows) or header != self.columns or torn:
             self._rewrite(kept)
 
     def append(self, row: dict[str, Any]) -> None:
@@ -76,10 +76,12 @@ class StepTable:
         if self.path.is_file():
             fsync_file(self.path)
 
-    def _read(self) -> tuple[list[dict[str, str]], list[str]]:
+    def _read(self) -> tuple[list[dict[str, str]], list[str], bool]:
+        """The whole rows, the header, and whether a last line was cut short (by a kill)."""
         text = self.path.read_text()
-        reader = csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1]))  # whole lines only
-        return list(reader), list(reader.fieldnames or [])
+        whole = text[: text.rfind("\n") + 1]
+        reader = csv.DictReader(io.StringIO(whole))
+        return list(reader), list(reader.fieldnames or []), whole != text
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         text = io.StringIO()
