@@ -34,7 +34,7 @@ def collection_rate(config, horizon: int, rollouts: int) -> float:
     """Env steps per second of ``rollouts`` timed rollouts (after one warm-up rollout)."""
     from phalanx.algos import get_algorithm
     from phalanx.buffers import RolloutBuffer
-    from phalanx.train.trainer import build_env
+    from phalanx.train.environments import build_env
     from phalanx.train.worker import Worker
 
     env = build_env(config, config.num_envs, training=True)

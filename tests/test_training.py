@@ -237,7 +237,7 @@ def test_foreign_and_corrupt_checkpoints_are_refused(tmp_path):
 
 def test_deployed_agent_normalises_exactly_as_the_training_env(tmp_path):
     from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
-    from phalanx.train.trainer import build_env
+    from phalanx.train.environments import build_env
 
     result = phalanx.train(small_config(tmp_path, env="Pendulum-v1", normalize_obs=True), show_progress=False)
     agent = phalanx.load_agent(result.run_dir, checkpoint="latest")

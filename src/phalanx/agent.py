@@ -20,8 +20,9 @@ from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError, EnvError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.environments import EVAL_SEED_OFFSET, build_env, spaces_from_spec
 from phalanx.train.evaluator import Evaluation, Evaluator
-from phalanx.train.trainer import EVAL_SEED_OFFSET, build_env, read_run_config, spaces_from_spec
+from phalanx.train.run_dir import read_run_config
 
 
 class Agent:

@@ -130,7 +130,7 @@ def backtest(
     the training-period evaluation), "latest", or a checkpoint path.
     """
     from phalanx.agent import load_agent
-    from phalanx.train.trainer import read_run_config
+    from phalanx.train.run_dir import read_run_config
 
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)

@@ -19,7 +19,7 @@ from phalanx.errors import EnvError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
-from phalanx.train.trainer import EVAL_SEED_OFFSET
+from phalanx.train.environments import EVAL_SEED_OFFSET
 
 
 class MultiAgentAgent:

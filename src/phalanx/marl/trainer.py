@@ -26,9 +26,10 @@ from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_action
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
 from phalanx.marl.core import Groups, MultiAgentVecEnv
 from phalanx.marl.registry import make_multi_agent_env
+from phalanx.train.environments import EVAL_SEED_OFFSET
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.learner import Learner
-from phalanx.train.trainer import EVAL_SEED_OFFSET, Trainer
+from phalanx.train.trainer import Trainer
 from phalanx.train.worker import EpisodeLog
 
 Tensor = torch.Tensor

@@ -47,7 +47,7 @@ from phalanx.population.evolution import (
     tournament_donor,
 )
 from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
-from phalanx.train.trainer import picklable_factory
+from phalanx.train.environments import picklable_factory
 
 MEMBER_SEED_STRIDE = 10_000
 """Member k trains with seed base.seed + k * MEMBER_SEED_STRIDE (its sub-envs' seeds do not overlap)."""

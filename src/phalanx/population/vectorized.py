@@ -64,8 +64,8 @@ from phalanx.nets import (
     MemberGaussianPolicy,
     MemberValueNet,
 )
+from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
 from phalanx.train.evaluator import Evaluator
-from phalanx.train.trainer import EVAL_SEED_OFFSET, space_spec
 
 MEMBER_HYPERPARAMETERS: tuple[str, ...] = (
     "learning_rate",

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from phalanx.envs.core import VecEnv
+from phalanx.train.environments import build_env, to_device
 
 Tensor = torch.Tensor
 
@@ -228,7 +229,6 @@ class CopiesEvaluator:
     def __init__(self, config: Any, seed: int) -> None:
         from phalanx.algos import get_algorithm
         from phalanx.envs.core import BatchedVecEnv, as_device
-        from phalanx.train.trainer import build_env
 
         self.config, self.seed = config, seed
         self.device = as_device(config.device)
@@ -248,12 +248,11 @@ class CopiesEvaluator:
         """The evaluation of each copy (``{"algorithm": state dict, "obs_statistics": state or None}``)."""
         from phalanx.envs.core import block_seeds
         from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
-        from phalanx.train.trainer import _to_device, build_env
 
         k, episodes = len(copies), self.config.eval_episodes
         if not 1 <= k <= self.batch_limit:
             raise ValueError(f"CopiesEvaluator.evaluate: {k} copies, expected 1 to {self.batch_limit}.")
-        copies = _to_device(copies, self.device)
+        copies = to_device(copies, self.device)
         if k not in self.envs:
             self.envs[k] = build_env(self.config, k * episodes, training=False, blocks=k)
         while len(self.algorithms) < k:

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import math
 import os
-import pickle
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,21 +29,24 @@ import torch
 from phalanx.algos import get_algorithm
 from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
-from phalanx.config import TrainConfig, load_yaml, save_yaml
-from phalanx.envs.core import ConcatVecEnv, VecEnv, as_device
-from phalanx.envs.registry import make_env, registered_factories
+from phalanx.config import TrainConfig, save_yaml
+from phalanx.envs.core import as_device
 from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import (
-    MemberNormalizeObservation,
-    NanGuard,
     NormalizeObservation,
-    RescaleAction,
     ScaleReward,
     find_wrapper,
 )
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.files import write_text_atomic
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.environments import (
+    EVAL_SEED_OFFSET,
+    build_env,
+    picklable_factory,
+    space_spec,
+    to_device,
+)
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.interrupts import Insisted, deferred_interrupts
 from phalanx.train.learner import (
@@ -61,9 +61,9 @@ from phalanx.train.learner import (
 )
 from phalanx.train.logging import RunLogger, Stopwatch, plot_curve
 from phalanx.train.pipeline import Pipeline, Step
+from phalanx.train.run_dir import create_run_dir, read_run_config, resumable_state
 from phalanx.train.worker import Transition, Worker
 
-EVAL_SEED_OFFSET = 1_000_003
 _REACHED, _INTERRUPTED = 1, 2  # what the learners of a group agree on after every iteration
 INSISTED = "a second Ctrl+C stopped the run at once, unsaved: resume goes on from its latest checkpoint"
 
@@ -72,127 +72,6 @@ INSISTED = "a second Ctrl+C stopped the run at once, unsaved: resume goes on fro
 class TrainResult:
     run_dir: Path
     summary: dict[str, Any]
-
-
-# -- environments -------------------------------------------------------------------------------
-def build_env(
-    config: TrainConfig,
-    num_envs: int,
-    training: bool,
-    obs_statistics: Any | None = None,
-    blocks: int = 1,
-) -> VecEnv:
-    """The env the algorithm sees: NaN guard (training only), actions in [-1, 1], optional normalisation.
-
-    ``blocks`` > 1 (evaluation): the rows form that many equal blocks, each normalised with statistics of
-    its own (:class:`MemberNormalizeObservation`), for as many agents evaluated side by side.
-
-    Training envs of Gymnasium ids step in ``config.num_workers`` processes, and with ``config.overlap``
-    as two halves (a :class:`ConcatVecEnv` of two wrapped halves that share their statistics) for the
-    worker's double buffering. Evaluation envs step in this process (a few episodes with frozen
-    weights, where idle worker processes would only take memory).
-    """
-    env: VecEnv = make_env(
-        config.env,
-        num_envs=num_envs,
-        device=config.device,
-        num_workers=config.num_workers if training else 0,
-        worker_options={"max_restarts": config.worker_restarts, "step_timeout": config.worker_timeout},
-    )
-    if not (training and config.overlap):
-        return _wrap(env, config, training, obs_statistics, None, blocks)
-    if not isinstance(env, ProcessVecEnv):
-        env.close()
-        raise ConfigError(
-            f"overlap=True steps half of the sub-envs in worker processes while the policy computes, "
-            f"but {config.env!r} is {type(env).__name__}, not a Gymnasium env in worker processes. Use a "
-            "Gymnasium id with --num-workers (e.g. 'gym:CartPole-v1'), or drop --overlap (batched envs "
-            "step all sub-envs at once already)."
-        )
-    halves = env.split()
-    first = _wrap(halves[0], config, training, obs_statistics, None)
-    normalizer, scaler = find_wrapper(first, NormalizeObservation), find_wrapper(first, ScaleReward)
-    second = _wrap(
-        halves[1],
-        config,
-        training,
-        normalizer.statistics if normalizer is not None else None,
-        scaler.statistics if scaler is not None else None,
-    )
-    return ConcatVecEnv([first, second])
-
-
-def _wrap(
-    env: VecEnv,
-    config: TrainConfig,
-    training: bool,
-    obs_statistics: Any | None,
-    reward_statistics: Any | None,
-    blocks: int = 1,
-) -> VecEnv:
-    if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
-        env = NanGuard(env)
-    if isinstance(env.single_action_space, gym.spaces.Box):
-        env = RescaleAction(env)
-    if config.normalize_obs and blocks > 1:
-        env = MemberNormalizeObservation(env, blocks, statistics=obs_statistics, update=training)
-    elif config.normalize_obs:
-        env = NormalizeObservation(env, statistics=obs_statistics, update=training)
-    if config.normalize_reward and training:
-        env = ScaleReward(env, gamma=config.hyperparameters.gamma, statistics=reward_statistics)
-    return env
-
-
-def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict[str, Any]:
-    """The spaces as tensors and primitives, so that a checkpoint can rebuild the agent without the env."""
-    spec: dict[str, Any] = {
-        "observation_shape": list(observation_space.shape),
-        "observation_low": torch.as_tensor(observation_space.low),
-        "observation_high": torch.as_tensor(observation_space.high),
-    }
-    if isinstance(action_space, gym.spaces.Discrete):
-        spec["action"] = {"type": "discrete", "n": int(action_space.n)}
-    else:
-        spec["action"] = {
-            "type": "box",
-            "low": torch.as_tensor(action_space.low),
-            "high": torch.as_tensor(action_space.high),
-        }
-    return spec
-
-
-def spaces_from_spec(spec: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
-    observation_space = gym.spaces.Box(
-        spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype="float32"
-    )
-    action = spec["action"]
-    if action["type"] == "discrete":
-        return observation_space, gym.spaces.Discrete(action["n"])
-    return observation_space, gym.spaces.Box(action["low"].numpy(), action["high"].numpy(), dtype="float32")
-
-
-# -- run directories ----------------------------------------------------------------------------
-def default_run_dir(config: TrainConfig) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe_env = re.sub(r"[^A-Za-z0-9_.-]", "_", config.env)
-    base = Path("runs") / f"{safe_env}__{config.algo}__s{config.seed}__{stamp}"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        suffix += 1
-        candidate = base.with_name(f"{base.name}_{suffix}")
-    return candidate
-
-
-def create_run_dir(config: TrainConfig) -> Path:
-    run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run directory {str(run_dir)!r} already exists and is not empty; "
-            "phalanx never overwrites a run. "
-            f"Continue it with `phalanx resume {run_dir}`, or choose another --run-dir."
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
 # -- the trainer --------------------------------------------------------------------------------
@@ -370,7 +249,7 @@ class Trainer:
         learning_rates = _learning_rates(algorithm)  # from the new hyperparameters
         state = agent["algorithm"] if agent is not None else old.state_dict()
         try:
-            algorithm.load_state_dict(_to_device(state, self.device))
+            algorithm.load_state_dict(to_device(state, self.device))
         except (RuntimeError, KeyError, ValueError) as error:
             raise ConfigError(
                 f"cannot carry the agent's weights into {config.algo} with hyperparameters "
@@ -382,7 +261,7 @@ class Trainer:
                 group["lr"] = rate
         self.algorithm = self.worker.algorithm = self.learner.algorithm = algorithm
         if agent is not None and agent.get("obs_statistics") is not None and self.obs_statistics is not None:
-            self.obs_statistics.load_state_dict(_to_device(agent["obs_statistics"], self.device))
+            self.obs_statistics.load_state_dict(to_device(agent["obs_statistics"], self.device))
         if self.algorithm.on_policy and self.buffer.horizon != config.hyperparameters.horizon:
             self.buffer = self.learner.buffer = self.make_buffer()  # it holds nothing between rollouts
         elif not self.algorithm.on_policy and self.buffer.slots != max(
@@ -453,7 +332,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
         self.env.load_state_dict(state["env"])
-        self.worker.load_state_dict(_to_device(state["worker"], self.device))
+        self.worker.load_state_dict(to_device(state["worker"], self.device))
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
@@ -486,7 +365,7 @@ class Trainer:
                     f"{self.group.world_size}. Resume with --learners {len(shards)}."
                 )
             states = [{**state, **shard} for shard in shards]
-        self.load_state_dict(_to_device(self.group.scatter(states), self.device))
+        self.load_state_dict(to_device(self.group.scatter(states), self.device))
 
     def save(self) -> Path | None:
         """Checkpoint the run (learner 0 writes it, with every learner's shard); returns its path."""
@@ -770,7 +649,7 @@ class Trainer:
     def send_copy(self) -> None:
         """Evaluation process: send it a CPU copy of the agent now (kept, to be the best checkpoint if its
         evaluation is the best)."""
-        agent = _to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
+        agent = to_device(self.evaluated_agent_state(), torch.device("cpu"), copy=True)
         self.eval_process.submit(self.steps, {key: agent[key] for key in ("algorithm", "obs_statistics")})
         self.eval_copies[self.steps] = agent
 
@@ -901,24 +780,13 @@ def train(
         trainer.close()
 
 
-def read_run_config(run_dir: str | Path) -> TrainConfig:
-    """The config.yaml of a run directory, with a clear error if ``run_dir`` is not one."""
-    config_path = Path(run_dir) / "config.yaml"
-    if not config_path.is_file():
-        raise CheckpointError(
-            f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
-            "Pass the directory that `phalanx train` created (runs/<env>__<algo>__...)."
-        )
-    return TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
-
-
 def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: bool = True) -> TrainResult:
     """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     state = None
     if not launched_by_torchrun() or os.environ["RANK"] == "0":  # under torchrun, learner 0 reads it
-        state = _resumable_state(run_dir, config, total_steps)
+        state = resumable_state(run_dir, config, total_steps)
     if total_steps is not None:
         config.total_steps = total_steps
     if launched_by_torchrun():
@@ -932,32 +800,6 @@ def resume(run_dir: str | Path, total_steps: int | None = None, show_progress: b
         return trainer.train()
     finally:
         trainer.close()
-
-
-def _resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None) -> dict[str, Any]:
-    """The latest checkpoint's state, checked against config.yaml and the new ``total_steps``."""
-    config_path = run_dir / "config.yaml"
-    latest = CheckpointManager(run_dir).latest()
-    if latest is None:
-        raise CheckpointError(
-            f"run directory {str(run_dir)!r} has no checkpoint to resume from (checkpoints/ is empty). "
-            "Start a new run with `phalanx train` instead."
-        )
-    state = load_checkpoint(latest, map_location=config.device if config.num_learners == 1 else "cpu")
-    saved = TrainConfig.from_dict(state["config"], where=f"{latest}/state.pt")
-    differences = _config_differences(saved, config)
-    if differences:
-        raise CheckpointError(
-            f"{config_path} does not match the config stored in the checkpoint {latest}: "
-            + "; ".join(f"{key}: checkpoint has {a!r}, config.yaml has {b!r}" for key, a, b in differences)
-            + ". Restore config.yaml, or start a new run with the new settings."
-        )
-    if total_steps is not None and total_steps <= state["progress"]["steps"]:
-        raise ConfigError(
-            f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
-            "has already trained. Pass a larger --total-steps."
-        )
-    return state
 
 
 # -- data-parallel learners ------------------------------------------------------------------------
@@ -991,23 +833,6 @@ def _launch(
         raise TrainingInterrupted(Path(run), steps, Path(checkpoint))
     run, summary = outcome.value
     return TrainResult(Path(run), summary)
-
-
-def picklable_factory(env_id: str, why: str, instead: str) -> dict[str, Any]:
-    """``{env_id: factory}`` if ``env_id`` was added with register_env, checked to reach new processes
-    (``why`` they are started and what to do ``instead`` go into the error)."""
-    factory = registered_factories().get(env_id)
-    if factory is None:
-        return {}
-    try:
-        pickle.dumps(factory)
-    except Exception as error:
-        raise ConfigError(
-            f"{why}, and each must build {env_id!r} with its factory {factory!r}, which cannot be sent to "
-            f"another process ({type(error).__name__}: {error}). Define the factory at the top level of an "
-            f"importable module (not in __main__, a notebook or a function), or {instead}."
-        ) from error
-    return {env_id: factory}
 
 
 def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callable[[str, Any], None]) -> None:
@@ -1090,40 +915,3 @@ def _learning_rates(algorithm: Algorithm) -> dict[str, list[float]]:
         name: [group["lr"] for group in optimizer.param_groups]
         for name, optimizer in algorithm.optimizers().items()
     }
-
-
-def _to_device(state: Any, device: torch.device, copy: bool = False) -> Any:
-    """A checkpoint's tensors moved to ``device`` (nested dicts and lists); ``copy``: always copied."""
-    if isinstance(state, torch.Tensor):
-        return state.to(device, copy=copy)
-    if isinstance(state, dict):
-        return {key: _to_device(value, device, copy) for key, value in state.items()}
-    if isinstance(state, list):
-        return [_to_device(value, device, copy) for value in state]
-    return state
-
-
-def _config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
-    # Settings that change how fast a run goes, not what it computes, may differ on resume.
-    ignored = {
-        "total_steps",
-        "run_dir",
-        "num_workers",
-        "worker_restarts",
-        "worker_timeout",
-        "torch_threads",
-        "eval_process",
-        "eval_batch",
-        "pipeline",
-        "pipeline_queue",
-        "sync_every",
-        "learner_timeout",
-    }
-    a, b = saved.to_dict(), current.to_dict()
-    differences = [
-        (k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)
-    ]
-    for key, value in a["hyperparameters"].items():
-        if value != b["hyperparameters"].get(key):
-            differences.append((f"hyperparameters.{key}", value, b["hyperparameters"].get(key)))
-    return differences

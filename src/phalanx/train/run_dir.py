@@ -1,0 +1,98 @@
+"""Run directories: where a run is written, its config.yaml, and the checks a resume makes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any
+
+from phalanx.config import TrainConfig, load_yaml
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe_env = re.sub(r"[^A-Za-z0-9_.-]", "_", config.env)
+    base = Path("runs") / f"{safe_env}__{config.algo}__s{config.seed}__{stamp}"
+    candidate, suffix = base, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base.with_name(f"{base.name}_{suffix}")
+    return candidate
+
+
+def create_run_dir(config: TrainConfig) -> Path:
+    run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already exists and is not empty; "
+            "phalanx never overwrites a run. "
+            f"Continue it with `phalanx resume {run_dir}`, or choose another --run-dir."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def read_run_config(run_dir: str | Path) -> TrainConfig:
+    """The config.yaml of a run directory, with a clear error if ``run_dir`` is not one."""
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
+            "Pass the directory that `phalanx train` created (runs/<env>__<algo>__...)."
+        )
+    return TrainConfig.from_dict(load_yaml(config_path), where=str(config_path))
+
+
+def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None) -> dict[str, Any]:
+    """The latest checkpoint's state, checked against config.yaml and the new ``total_steps``."""
+    config_path = run_dir / "config.yaml"
+    latest = CheckpointManager(run_dir).latest()
+    if latest is None:
+        raise CheckpointError(
+            f"run directory {str(run_dir)!r} has no checkpoint to resume from (checkpoints/ is empty). "
+            "Start a new run with `phalanx train` instead."
+        )
+    state = load_checkpoint(latest, map_location=config.device if config.num_learners == 1 else "cpu")
+    saved = TrainConfig.from_dict(state["config"], where=f"{latest}/state.pt")
+    differences = config_differences(saved, config)
+    if differences:
+        raise CheckpointError(
+            f"{config_path} does not match the config stored in the checkpoint {latest}: "
+            + "; ".join(f"{key}: checkpoint has {a!r}, config.yaml has {b!r}" for key, a, b in differences)
+            + ". Restore config.yaml, or start a new run with the new settings."
+        )
+    if total_steps is not None and total_steps <= state["progress"]["steps"]:
+        raise ConfigError(
+            f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
+            "has already trained. Pass a larger --total-steps."
+        )
+    return state
+
+
+def config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
+    # Settings that change how fast a run goes, not what it computes, may differ on resume.
+    ignored = {
+        "total_steps",
+        "run_dir",
+        "num_workers",
+        "worker_restarts",
+        "worker_timeout",
+        "torch_threads",
+        "eval_process",
+        "eval_batch",
+        "pipeline",
+        "pipeline_queue",
+        "sync_every",
+        "learner_timeout",
+    }
+    a, b = saved.to_dict(), current.to_dict()
+    differences = [
+        (k, a[k], b.get(k)) for k in a if k not in ignored and k != "hyperparameters" and a[k] != b.get(k)
+    ]
+    for key, value in a["hyperparameters"].items():
+        if value != b["hyperparameters"].get(key):
+            differences.append((f"hyperparameters.{key}", value, b["hyperparameters"].get(key)))
+    return differences
