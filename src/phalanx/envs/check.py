@@ -51,7 +51,7 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
 
 
-class _Abort(Exception):
+class CheckAborted(Exception):
     """Continuing the check is impossible (e.g. reset raised)."""
 
 
@@ -61,7 +61,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
-def _fmt(row: torch.Tensor, limit: int = 8) -> str:
+def format_values(row: torch.Tensor, limit: int = 8) -> str:
     """A row's values for a message, shortened for large observations."""
     values = row.detach().flatten().cpu().tolist()
     if len(values) <= limit:
@@ -73,7 +73,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def equal_with_nan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Element-wise equality where NaN equals NaN."""
     same = a == b
     if a.is_floating_point():
@@ -81,19 +81,50 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return same
 
 
+def first_true(mask: torch.Tensor) -> list[int] | None:
+    """The index of the first true element of ``mask`` (row-major order), or None if none is true."""
+    if not bool(mask.any()):
+        return None
+    return mask.nonzero()[0].tolist()
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor, leading: int) -> list[int] | None:
+    """The index over the ``leading`` dimensions of the first place where ``a`` and ``b`` differ (NaN
+    equal to NaN), or None where they are equal; a tensor with fewer dimensions counts as size 1 there."""
+    shape = tuple(a.shape[:leading]) + (1,) * max(0, leading - a.dim())
+    return first_true(~equal_with_nan(a, b).reshape(*shape, -1).all(dim=-1))
+
+
 class CheckerBase:
     """What the contract checkers (this one and ``phalanx.marl.check``'s) share: the violations found,
-    one line per kind, and :meth:`call`, which turns an exception of the user's env into one."""
+    one line per kind; :meth:`call`, which turns an exception of the user's env into one; the checks of
+    the attributes, of returned tensors, of the 2- and 5-tuples, of the ``_final_obs`` mask and the
+    episode lengths; the stepping loop and the seeding replay. A subclass names its contract in the class
+    attributes and checks what its contract adds (spaces, groups, observations) in the hooks."""
 
-    def __init__(self, env: Any, seed: int) -> None:
+    contract: type  # the class a conforming env subclasses
+    contract_name: str  # how messages name it
+    contract_title: str  # how the error names the contract
+    batched_name: str  # the subclass that implements autoreset and episode statistics
+    init_arguments: str  # the arguments of the contract's __init__, for messages
+    required: tuple[str, ...]  # the attributes and methods every env has
+    step_returns: str  # what step returns, for messages
+
+    def __init__(self, env: Any, num_steps: int, seed: int) -> None:
         self.env = env
         self.name = repr(env)
+        self.num_steps = num_steps
         self.seed = seed
         self.violations: dict[str, str] = {}  # key -> line; one line per kind of violation
         self.warnings: list[str] = []
         self.device: torch.device | None = None
         self.n = 0
         self.at = ""  # " at step k" while stepping, for messages
+        # while stepping: steps since the last episode end per row, the lengths of the ended episodes, and
+        # whether an episode ended and whether an ended row's next observation differed from final_obs
+        self.counted = torch.zeros(0, dtype=torch.int64)
+        self.lengths: list[int] = []
+        self.saw_end = self.saw_reset_differ = False
 
     def fail(self, key: str, line: str) -> None:
         self.violations.setdefault(key, line)
@@ -107,9 +138,23 @@ class CheckerBase:
                 f"{what} raised {_describe(error)}. Expected it to return normally. Fix the env "
                 f"(call env.{what.split('(')[0]}(...) directly to see the full traceback).",
             )
-            raise _Abort from None
+            raise CheckAborted from None
 
-    def raise_violations(self, contract: str, module: str) -> None:
+    def check(self) -> int:
+        """Run the checks in order (a violation that makes going on impossible ends them) and raise one
+        :class:`ContractError` listing every violation found; return the steps run."""
+        steps = 0
+        try:
+            self.check_structure()
+            self.check_reset()
+            steps = self.run()
+            self.check_determinism()
+        except CheckAborted:
+            pass
+        self.raise_violations()
+        return steps
+
+    def raise_violations(self) -> None:
         """Raise one :class:`ContractError` listing every violation found (``violations``: one line each,
         ``warnings`` too); nothing if there is none."""
         if not self.violations:
@@ -117,45 +162,39 @@ class CheckerBase:
         lines = list(self.violations.values())
         count = f"{len(lines)} problem{'s' if len(lines) > 1 else ''}"
         error = ContractError(
-            f"{self.name} breaks the {contract} ({count}; see {module} for the contract):\n"
-            + "\n".join(f"- {line}" for line in lines)
+            f"{self.name} breaks the {self.contract_title} ({count}; see {self.contract.__module__} for the "
+            "contract):\n" + "\n".join(f"- {line}" for line in lines)
         )
         error.violations = lines  # type: ignore[attr-defined]
         error.warnings = list(self.warnings)  # type: ignore[attr-defined]
         raise error
 
-
-class _Checker(CheckerBase):
-    def __init__(self, env: Any, num_steps: int, seed: int) -> None:
-        super().__init__(env, seed)
-        self.num_steps = num_steps
-        self.obs_shape: tuple[int, ...] | None = None
-
     # -- static structure --------------------------------------------------------------------------
-    def check_structure(self) -> None:
+    def check_attributes(self) -> None:
+        """The required attributes, the base class, ``num_envs`` and ``device``."""
         env = self.env
-        missing = [name for name in _REQUIRED if not hasattr(env, name)]
+        missing = [name for name in self.required if not hasattr(env, name)]
         if missing:
             self.fail(
                 "attributes",
-                f"{type(env).__name__} is missing {', '.join(missing)}: expected a phalanx.envs.VecEnv "
-                f"with {', '.join(_REQUIRED)}. Fix: subclass phalanx.envs.VecEnv (or BatchedVecEnv) and call "
-                "its __init__(num_envs, single_observation_space, single_action_space, device).",
+                f"{type(env).__name__} is missing {', '.join(missing)}: expected a {self.contract_name} "
+                f"with {', '.join(self.required)}. Fix: subclass {self.contract_name} (or "
+                f"{self.batched_name}) and call its __init__({self.init_arguments}).",
             )
-            raise _Abort
-        if not isinstance(env, VecEnv):
+            raise CheckAborted
+        if not isinstance(env, self.contract):
             self.warnings.append(
-                f"{type(env).__name__} is not a subclass of phalanx.envs.VecEnv (it has the attributes, so "
-                "the check continues); subclass VecEnv so that wrappers and trainers recognise it."
+                f"{type(env).__name__} is not a subclass of {self.contract_name} (it has the attributes, so "
+                "the check continues); subclass it so that wrappers and trainers recognise it."
             )
         n = env.num_envs
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             self.fail(
                 "num_envs",
                 f"num_envs: expected an int >= 1, got {n!r} ({type(n).__name__}). Fix: pass num_envs to "
-                "VecEnv.__init__.",
+                f"{self.contract.__name__}.__init__.",
             )
-            raise _Abort
+            raise CheckAborted
         self.n = int(n)
         try:
             self.device = torch.device(env.device)
@@ -163,17 +202,286 @@ class _Checker(CheckerBase):
             self.fail(
                 "device",
                 f"device: expected a torch.device, got {env.device!r}. Fix: pass device='cpu' or 'cuda' to "
-                "VecEnv.__init__ (it parses it with phalanx.envs.core.as_device).",
+                f"{self.contract.__name__}.__init__ (it parses it with phalanx.envs.core.as_device).",
             )
-        self.check_spaces()
+
+    def check_autoreset_mode(self) -> None:
+        env = self.env
         mode = env.metadata.get("autoreset_mode") if isinstance(env.metadata, dict) else None
         if mode != AutoresetMode.SAME_STEP and mode != AutoresetMode.SAME_STEP.value:
             self.fail(
                 "autoreset_mode",
                 f'metadata["autoreset_mode"]: expected AutoresetMode.SAME_STEP, got {mode!r}. Fix: inherit '
-                "VecEnv.metadata (or set it) and reset ended sub-envs inside step, returning the last "
-                'observation in info["final_obs"].',
+                f"{self.contract.__name__}.metadata (or set it) and reset ended sub-envs inside step, "
+                'returning the last observation in info["final_obs"].',
             )
+
+    # -- arrays ------------------------------------------------------------------------------------
+    def check_tensor(
+        self,
+        where: str,
+        x: Any,
+        shape: tuple[int, ...] | None,
+        dtype: torch.dtype,
+        finite: bool = False,
+        group: str | None = None,
+    ) -> bool:
+        """Check one returned array (its values finite where ``finite`` and it is floating); return
+        whether it is a usable tensor of the expected shape. ``group``: the agent group of its rows."""
+        if not isinstance(x, torch.Tensor):
+            self.fail(
+                f"{where}:type",
+                f"{where}: expected a torch.Tensor, got {type(x).__name__}. Fix: return "
+                "torch.as_tensor(x, device=env.device).",
+            )
+            return False
+        ok = True
+        if shape is not None and tuple(x.shape) != shape:
+            self.fail(
+                f"{where}:shape",
+                f"{where}: expected shape {shape}, got {tuple(x.shape)}. Fix: return one row per sub-env, "
+                "matching the declared space.",
+            )
+            ok = False
+        if x.dtype != dtype:
+            self.fail(
+                f"{where}:dtype",
+                f"{where}: expected dtype {dtype}, got {x.dtype}. Fix: convert with .to({dtype}).",
+            )
+        if self.device is not None and not _same_device(x.device, self.device):
+            self.fail(
+                f"{where}:device",
+                f"{where}: expected device {self.device} (env.device), got {x.device}. Fix: create the "
+                "tensor on env.device.",
+            )
+        if finite and x.is_floating_point() and x.numel() > 0:
+            rows = x if x.dim() > 0 else x.reshape(1)
+            index = first_true(~torch.isfinite(rows))
+            if index is not None:
+                place, values = self.locate(rows, index, group)
+                self.fail(
+                    f"{where}:finite",
+                    f"{where}{self.at}: expected finite values, got {format_values(values)} at {place}. "
+                    "Fix: check the dynamics for divisions by zero, exp/log overflow or unbounded state.",
+                )
+        return ok
+
+    def locate(self, x: torch.Tensor, index: list[int], group: str | None) -> tuple[str, torch.Tensor]:
+        """Where ``index`` is, for a message, and the values there to show."""
+        return f"sub-env index {index[0]}", x[index[0]]
+
+    # -- reset and step ----------------------------------------------------------------------------
+    def reset_result(self) -> tuple[Any, dict | None]:
+        """Call ``reset(seed=seed)`` and check that it returns ``(obs, info)`` with a dict ``info``;
+        return them (``info`` None where it is not a dict)."""
+        result = self.call(f"reset(seed={self.seed})", self.env.reset, seed=self.seed)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
+            self.fail(
+                "reset:tuple",
+                f"reset(): expected a 2-tuple (obs, info), got {got}. Fix: return obs, {{}}.",
+            )
+            raise CheckAborted
+        obs, info = result
+        if not isinstance(info, dict):
+            self.fail(
+                "reset:info",
+                f"reset() info: expected a dict, got {type(info).__name__}. Fix: return obs, {{}}.",
+            )
+            return obs, None
+        return obs, info
+
+    def check_structure(self) -> None:
+        """The attributes and spaces, before anything runs."""
+        raise NotImplementedError
+
+    def check_reset(self) -> None:
+        """What ``reset(seed=seed)`` returns."""
+        raise NotImplementedError
+
+    def check_determinism(self) -> None:
+        """That the seed and the same actions reproduce the same observations and rewards."""
+        raise NotImplementedError
+
+    def make_action_sampler(self) -> Any:
+        """A function of no arguments that returns random valid actions for every sub-env, seeded."""
+        raise NotImplementedError
+
+    def check_step(
+        self, step: int, obs: Any, reward: Any, terminated: Any, truncated: Any, info: Any
+    ) -> None:
+        """Check what one step returned (a 5-tuple)."""
+        raise NotImplementedError
+
+    def run(self) -> int:
+        """Step ``num_steps`` times with random actions, checking what each step returns; return the
+        steps run."""
+        sample = self.make_action_sampler()
+        self.counted = torch.zeros(self.n, dtype=torch.int64)
+        step = 0
+        for step in range(1, self.num_steps + 1):
+            actions = sample()
+            self.at = f" at step {step}"
+            result = self.call(f"step(actions) at step {step}", self.env.step, actions)
+            if not (isinstance(result, tuple) and len(result) == 5):
+                got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
+                self.fail(
+                    "step:tuple",
+                    f"step(): expected a 5-tuple {self.step_returns}, got {got}. "
+                    "Fix: split done into terminated and truncated (Gymnasium >= 1 API).",
+                )
+                raise CheckAborted
+            self.check_step(step, *result)
+        self.check_autoreset_seen(step)
+        return step
+
+    def check_flags(self, terminated: Any, truncated: Any, info: Any) -> torch.Tensor | None:
+        """Check ``terminated``, ``truncated`` and that ``info`` is a dict; return ``terminated |
+        truncated`` on the CPU, or None where they are not usable."""
+        term_ok = self.check_tensor("step() terminated", terminated, (self.n,), torch.bool)
+        trunc_ok = self.check_tensor("step() truncated", truncated, (self.n,), torch.bool)
+        if not isinstance(info, dict):
+            self.fail(
+                "step:info",
+                f"step() info: expected a dict, got {type(info).__name__}. Fix: return a dict.",
+            )
+            return None
+        if not (term_ok and trunc_ok) or terminated.dtype != torch.bool or truncated.dtype != torch.bool:
+            return None
+        return (terminated | truncated).cpu()
+
+    def note_ended(self, done: torch.Tensor, same: torch.Tensor) -> None:
+        """Record the episodes that ended, and whether ``final_obs`` differs from ``obs`` in an ended row
+        (``same``: per row, whether they are equal)."""
+        if bool(done.any()):
+            self.saw_end = True
+            self.saw_reset_differ = self.saw_reset_differ or bool((done & ~same).any())
+
+    def missing(self, info: dict, key: str, expected: str) -> Any:
+        """``info[key]``, or None after reporting it missing (``expected``: what it should be, the fix)."""
+        value = info.get(key)
+        if value is None:
+            self.fail(f"{key}:missing", f'step() info["{key}"]: missing; expected {expected}')
+        return value
+
+    def check_final_mask(self, step: int, info: dict, done: torch.Tensor) -> None:
+        """``info["_final_obs"]``: the bool mask ``terminated | truncated``."""
+        mask = self.missing(
+            info,
+            "_final_obs",
+            "the bool (num_envs,) mask terminated | truncated. Fix: info['_final_obs'] = terminated | "
+            "truncated.",
+        )
+        if mask is not None and self.check_tensor('step() info["_final_obs"]', mask, (self.n,), torch.bool):
+            differ = first_true(mask.cpu() != done)
+            if differ is not None:
+                (index,) = differ
+                self.fail(
+                    "_final_obs:value",
+                    f'step() info["_final_obs"] at step {step}, sub-env index {index}: expected '
+                    f"terminated | truncated = {bool(done[index])}, got {bool(mask[index])}. Fix: "
+                    "info['_final_obs'] = terminated | truncated.",
+                )
+
+    def check_episode_length(self, step: int, info: dict, done: torch.Tensor) -> None:
+        """``info["episode_length"]``: where an episode ended, the steps since that row's previous end."""
+        length = self.missing(
+            info,
+            "episode_length",
+            "a (num_envs,) int64 tensor valid where an episode ended. Fix: use "
+            f"phalanx.envs.EpisodeStatistics ({self.batched_name} does).",
+        )
+        if length is None or not self.check_tensor(
+            'step() info["episode_length"]', length, (self.n,), torch.int64
+        ):
+            return
+        rows = torch.nonzero(done).flatten()
+        got = length.cpu()[rows]
+
+        def report(key: str, wrong: torch.Tensor, expected: str) -> None:
+            first = first_true(wrong)
+            if first is not None:
+                index = int(rows[first[0]])
+                self.fail(
+                    key,
+                    f'step() info["episode_length"] at step {step}, sub-env index {index}: expected '
+                    f"{expected.format(counted=int(self.counted[index]))}, got {int(length[index])}. Fix: "
+                    "count the steps of each episode and reset the count when an episode ends and on "
+                    "reset() (phalanx.envs.EpisodeStatistics).",
+                )
+
+        report("episode_length:positive", got < 1, ">= 1 for an ended episode")
+        report(
+            "episode_length:count",
+            got != self.counted[rows],
+            "{counted} (steps since that sub-env's previous episode ended)",
+        )
+        self.lengths.extend(int(v) for v in got)
+
+    def check_autoreset_seen(self, steps: int) -> None:
+        """After stepping: an ended row's next observation differed from its final one somewhere (a
+        warning where no episode ended)."""
+        if self.saw_end and not self.saw_reset_differ:
+            self.fail(
+                "autoreset",
+                'step() autoreset: expected info["final_obs"] to differ from obs in some row where an '
+                "episode ended (obs should be the first observation of the next episode), but every ended "
+                "row had final_obs == obs. The env probably does not reset ended sub-envs inside step. "
+                f"Fix: same-step autoreset ({self.batched_name} does it; see the {self.contract_name} "
+                "contract).",
+            )
+        if not self.saw_end:
+            self.warnings.append(
+                f"no episode ended in {steps} steps x {self.n} sub-envs: autoreset, final_obs and the "
+                f"episode statistics were not verified. Raise the number of steps, or give the env a time "
+                "limit (max_episode_steps)."
+            )
+
+    # -- seeding -----------------------------------------------------------------------------------
+    def replay_twice(self, play: Any) -> list[list[tuple[str, int, Any]]]:
+        """Run ``play`` (reset with the seed and step; it returns a trace of (what, step, value)) twice,
+        restoring ``state_dict()`` before each run where the env has one: stateful wrappers (running
+        normalisation statistics) change between the runs otherwise, and only the seeding is under test."""
+        try:
+            snapshot = copy.deepcopy(self.env.state_dict())
+        except Exception:  # noqa: BLE001 - no usable state_dict: compare without restoring
+            snapshot = None
+        runs = []
+        for _ in range(2):
+            if snapshot is not None:
+                self.call("load_state_dict(state)", self.env.load_state_dict, copy.deepcopy(snapshot))
+            runs.append(play())
+        return runs
+
+    def seeding_failure(self, steps: int, what: str, step: int, place: str, first: Any, second: Any) -> None:
+        self.fail(
+            "determinism",
+            f"seeding: reset(seed={self.seed}) twice (state_dict() restored before each) with the same "
+            f"{steps} actions gave different {what} at step {step}, {place}: first run "
+            f"{format_values(first)}, second run {format_values(second)}; expected identical. Fix: draw all "
+            "randomness (initial states, noise) from a generator seeded in reset(seed=...), not from global "
+            "RNGs.",
+        )
+
+
+class _Checker(CheckerBase):
+    contract = VecEnv
+    contract_name = "phalanx.envs.VecEnv"
+    contract_title = "VecEnv contract"
+    batched_name = "BatchedVecEnv"
+    init_arguments = "num_envs, single_observation_space, single_action_space, device"
+    required = _REQUIRED
+    step_returns = "(obs, reward, terminated, truncated, info)"
+
+    def __init__(self, env: Any, num_steps: int, seed: int) -> None:
+        super().__init__(env, num_steps, seed)
+        self.obs_shape: tuple[int, ...] | None = None
+        self.returns: list[float] = []
+
+    def check_structure(self) -> None:
+        self.check_attributes()
+        self.check_spaces()
+        self.check_autoreset_mode()
 
     def check_spaces(self) -> None:
         env, n = self.env, self.n
@@ -227,54 +535,9 @@ class _Checker(CheckerBase):
                     "num_envs) (VecEnv.__init__ does this).",
                 )
 
-    # -- arrays ------------------------------------------------------------------------------------
-    def check_tensor(
-        self,
-        where: str,
-        x: Any,
-        shape: tuple[int, ...] | None,
-        dtype: torch.dtype,
-        finite: bool = False,
-    ) -> bool:
-        """Check one returned array; return whether it is a usable tensor of the expected shape."""
-        if not isinstance(x, torch.Tensor):
-            self.fail(
-                f"{where}:type",
-                f"{where}: expected a torch.Tensor, got {type(x).__name__}. Fix: return "
-                "torch.as_tensor(x, device=env.device).",
-            )
-            return False
-        ok = True
-        if shape is not None and tuple(x.shape) != shape:
-            self.fail(
-                f"{where}:shape",
-                f"{where}: expected shape {shape}, got {tuple(x.shape)}. Fix: return one row per sub-env, "
-                "matching the declared space.",
-            )
-            ok = False
-        if x.dtype != dtype:
-            self.fail(
-                f"{where}:dtype",
-                f"{where}: expected dtype {dtype}, got {x.dtype}. Fix: convert with .to({dtype}).",
-            )
-        if self.device is not None and not _same_device(x.device, self.device):
-            self.fail(
-                f"{where}:device",
-                f"{where}: expected device {self.device} (env.device), got {x.device}. Fix: create the "
-                "tensor on env.device.",
-            )
-        if finite and x.is_floating_point() and x.numel() > 0:
-            rows = x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
-            bad = ~torch.isfinite(rows).all(dim=1)
-            if bool(bad.any()):
-                index = int(bad.to(torch.int8).argmax())
-                self.fail(
-                    f"{where}:finite",
-                    f"{where}{self.at}: expected finite values, got {_fmt(rows[index])} at sub-env index "
-                    f"{index}. "
-                    "Fix: check the dynamics for divisions by zero, exp/log overflow or unbounded state.",
-                )
-        return ok
+    def check_obs(self, where: str, obs: Any) -> bool:
+        shape = (self.n, *self.obs_shape) if self.obs_shape is not None else None
+        return self.check_tensor(where, obs, shape, torch.float32, finite=True)
 
     # -- actions -----------------------------------------------------------------------------------
     def make_action_sampler(self) -> Any:
@@ -290,193 +553,82 @@ class _Checker(CheckerBase):
         return sample
 
     # -- reset and step ----------------------------------------------------------------------------
-    def check_reset(self) -> torch.Tensor | None:
-        result = self.call(f"reset(seed={self.seed})", self.env.reset, seed=self.seed)
-        if not (isinstance(result, tuple) and len(result) == 2):
-            got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
-            self.fail(
-                "reset:tuple",
-                f"reset(): expected a 2-tuple (obs, info), got {got}. Fix: return obs, {{}}.",
-            )
-            raise _Abort
-        obs, info = result
-        if not isinstance(info, dict):
-            self.fail(
-                "reset:info",
-                f"reset() info: expected a dict, got {type(info).__name__}. Fix: return obs, {{}}.",
-            )
+    def check_reset(self) -> None:
+        obs, _ = self.reset_result()
         self.check_obs("reset() obs", obs)
-        return obs if isinstance(obs, torch.Tensor) else None
 
-    def check_obs(self, where: str, obs: Any) -> bool:
-        shape = (self.n, *self.obs_shape) if self.obs_shape is not None else None
-        return self.check_tensor(where, obs, shape, torch.float32, finite=True)
+    def check_step(
+        self, step: int, obs: Any, reward: Any, terminated: Any, truncated: Any, info: Any
+    ) -> None:
+        obs_ok = self.check_obs("step() obs", obs)
+        self.check_tensor("step() reward", reward, (self.n,), torch.float32, finite=True)
+        done = self.check_flags(terminated, truncated, info)
+        if done is None:
+            return
+        self.counted += 1
+        self.check_final_obs(step, info, obs if obs_ok else None, done)
+        self.check_final_mask(step, info, done)
+        self.check_episode_return(info, done)
+        self.check_episode_length(step, info, done)
+        self.counted[done] = 0
 
-    def run(self) -> tuple[int, list[float], list[int]]:
-        """Step ``num_steps`` times with random actions; return (steps run, returns, lengths)."""
-        sample = self.make_action_sampler()
-        n = self.n
-        counted = torch.zeros(n, dtype=torch.int64)  # steps since the last episode end, per row
-        saw_end = saw_reset_differ = False
-        returns: list[float] = []
-        lengths: list[int] = []
-        step = 0
-        for step in range(1, self.num_steps + 1):
-            actions = sample()
-            self.at = f" at step {step}"
-            result = self.call(f"step(actions) at step {step}", self.env.step, actions)
-            if not (isinstance(result, tuple) and len(result) == 5):
-                got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
-                self.fail(
-                    "step:tuple",
-                    f"step(): expected a 5-tuple (obs, reward, terminated, truncated, info), got {got}. "
-                    "Fix: split done into terminated and truncated (Gymnasium >= 1 API).",
-                )
-                raise _Abort
-            obs, reward, terminated, truncated, info = result
-            obs_ok = self.check_obs("step() obs", obs)
-            self.check_tensor("step() reward", reward, (n,), torch.float32, finite=True)
-            term_ok = self.check_tensor("step() terminated", terminated, (n,), torch.bool)
-            trunc_ok = self.check_tensor("step() truncated", truncated, (n,), torch.bool)
-            if not isinstance(info, dict):
-                self.fail(
-                    "step:info",
-                    f"step() info: expected a dict, got {type(info).__name__}. Fix: return a dict.",
-                )
-                continue
-            if not (term_ok and trunc_ok):
-                continue
-            done = (terminated | truncated).cpu()
-            counted += 1
-            # final_obs and its mask
-            final = info.get("final_obs")
-            if final is None:
-                self.fail(
-                    "final_obs:missing",
-                    'step() info["final_obs"]: missing; expected a (num_envs, *obs_shape) tensor (last '
-                    "observation of the finished episode where terminated | truncated, equal to obs "
-                    "elsewhere). Fix: subclass BatchedVecEnv, or add it (with the mask info['_final_obs']).",
-                )
-            elif self.check_obs('step() info["final_obs"]', final) and obs_ok:
-                same = _equal(final, obs).reshape(n, -1).all(dim=1).cpu()
-                wrong = ~done & ~same
-                if bool(wrong.any()):
-                    index = int(wrong.to(torch.int8).argmax())
-                    self.fail(
-                        "final_obs:not_ended",
-                        f'step() info["final_obs"] at step {step}, sub-env index {index} (episode not '
-                        f"ended): expected equal to obs {_fmt(obs[index])}, got {_fmt(final[index])}. "
-                        "Fix: final_obs must be the true next observation of every row.",
-                    )
-                if bool(done.any()):
-                    saw_end = True
-                    saw_reset_differ = saw_reset_differ or bool((done & ~same).any())
-            mask = info.get("_final_obs")
-            if mask is None:
-                self.fail(
-                    "_final_obs:missing",
-                    'step() info["_final_obs"]: missing; expected the bool (num_envs,) mask '
-                    "terminated | truncated. Fix: info['_final_obs'] = terminated | truncated.",
-                )
-            elif self.check_tensor('step() info["_final_obs"]', mask, (n,), torch.bool):
-                differ = mask.cpu() != done
-                if bool(differ.any()):
-                    index = int(differ.to(torch.int8).argmax())
-                    self.fail(
-                        "_final_obs:value",
-                        f'step() info["_final_obs"] at step {step}, sub-env index {index}: expected '
-                        f"terminated | truncated = {bool(done[index])}, got {bool(mask[index])}. Fix: "
-                        "info['_final_obs'] = terminated | truncated.",
-                    )
-            ep_return, ep_length = info.get("episode_return"), info.get("episode_length")
-            for key, value in (("episode_return", ep_return), ("episode_length", ep_length)):
-                if value is None:
-                    self.fail(
-                        f"{key}:missing",
-                        f'step() info["{key}"]: missing; expected a (num_envs,) tensor valid where an '
-                        "episode ended. Fix: use phalanx.envs.EpisodeStatistics (BatchedVecEnv does).",
-                    )
-            ret_ok = ep_return is not None and self.check_tensor(
-                'step() info["episode_return"]', ep_return, (n,), torch.float32
-            )
-            len_ok = ep_length is not None and self.check_tensor(
-                'step() info["episode_length"]', ep_length, (n,), torch.int64
-            )
-            if bool(done.any()):
-                rows = torch.nonzero(done).flatten()
-                if len_ok:
-                    got = ep_length.cpu()[rows]
-                    if bool((got < 1).any()):
-                        index = int(rows[int((got < 1).to(torch.int8).argmax())])
-                        self.fail(
-                            "episode_length:positive",
-                            f'step() info["episode_length"] at step {step}, sub-env index {index}: expected '
-                            f">= 1 for an ended episode, got {int(ep_length[index])}. Fix: count the steps "
-                            "of each episode (phalanx.envs.EpisodeStatistics).",
-                        )
-                    mismatch = got != counted[rows]
-                    if bool(mismatch.any()):
-                        index = int(rows[int(mismatch.to(torch.int8).argmax())])
-                        self.fail(
-                            "episode_length:count",
-                            f'step() info["episode_length"] at step {step}, sub-env index {index}: expected '
-                            f"{int(counted[index])} (steps since that sub-env's previous episode ended), got "
-                            f"{int(ep_length[index])}. Fix: reset the length counter when an episode ends "
-                            "and on reset().",
-                        )
-                    lengths.extend(int(v) for v in got)
-                if ret_ok:
-                    returns.extend(float(v) for v in ep_return.cpu()[rows])
-                counted[done] = 0
-        if saw_end and not saw_reset_differ:
+    def check_final_obs(self, step: int, info: dict, obs: torch.Tensor | None, done: torch.Tensor) -> None:
+        """``info["final_obs"]``: equal to ``obs`` in the rows where no episode ended."""
+        final = self.missing(
+            info,
+            "final_obs",
+            "a (num_envs, *obs_shape) tensor (last observation of the finished episode where terminated "
+            "| truncated, equal to obs elsewhere). Fix: subclass BatchedVecEnv, or add it (with the mask "
+            "info['_final_obs']).",
+        )
+        if final is None or not self.check_obs('step() info["final_obs"]', final) or obs is None:
+            return
+        same = equal_with_nan(final, obs).reshape(self.n, -1).all(dim=1).cpu()
+        wrong = first_true(~done & ~same)
+        if wrong is not None:
+            (index,) = wrong
             self.fail(
-                "autoreset",
-                'step() autoreset: expected info["final_obs"] to differ from obs in some row where an '
-                "episode ended (obs should be the first observation of the next episode), but every ended "
-                "row had final_obs == obs. The env probably does not reset ended sub-envs inside step. "
-                "Fix: same-step autoreset (BatchedVecEnv does it; see the VecEnv contract).",
+                "final_obs:not_ended",
+                f'step() info["final_obs"] at step {step}, sub-env index {index} (episode not '
+                f"ended): expected equal to obs {format_values(obs[index])}, got "
+                f"{format_values(final[index])}. Fix: final_obs must be the true next observation of every "
+                "row.",
             )
-        if not saw_end:
-            self.warnings.append(
-                f"no episode ended in {step} steps x {n} sub-envs: autoreset, final_obs and the episode "
-                "statistics were not verified. Raise num_steps, or give the env a max_episode_steps."
-            )
-        return step, returns, lengths
+        self.note_ended(done, same)
 
+    def check_episode_return(self, info: dict, done: torch.Tensor) -> None:
+        """``info["episode_return"]``: a float32 (num_envs,) tensor, valid where an episode ended."""
+        value = self.missing(
+            info,
+            "episode_return",
+            "a (num_envs,) tensor valid where an episode ended. Fix: use phalanx.envs.EpisodeStatistics "
+            "(BatchedVecEnv does).",
+        )
+        if value is not None and self.check_tensor(
+            'step() info["episode_return"]', value, (self.n,), torch.float32
+        ):
+            self.returns.extend(float(v) for v in value.cpu()[done])
+
+    # -- seeding -----------------------------------------------------------------------------------
     def check_determinism(self) -> None:
         steps = min(_DETERMINISM_STEPS, self.num_steps)
         sample = self.make_action_sampler()
         actions = [sample() for _ in range(steps)]
-        # Stateful wrappers (running normalisation statistics) change between the two runs unless their
-        # state is restored; restore it so that only the seeding is under test.
-        try:
-            snapshot = copy.deepcopy(self.env.state_dict())
-        except Exception:  # noqa: BLE001 - no usable state_dict: compare without restoring
-            snapshot = None
-        runs = []
-        for _ in range(2):
-            if snapshot is not None:
-                self.call("load_state_dict(state)", self.env.load_state_dict, copy.deepcopy(snapshot))
+
+        def play() -> list[tuple[str, int, Any]]:
             obs, _ = self.call(f"reset(seed={self.seed})", self.env.reset, seed=self.seed)
             trace = [("reset() obs", 0, obs)]
             for step, action in enumerate(actions, start=1):
                 obs, reward, *_ = self.call(f"step(actions) at step {step}", self.env.step, action)
                 trace += [("obs", step, obs), ("reward", step, reward)]
-            runs.append(trace)
-        for (what, step, a), (_, _, b) in zip(*runs, strict=True):
+            return trace
+
+        for (what, step, a), (_, _, b) in zip(*self.replay_twice(play), strict=True):
             if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
                 return
-            same = _equal(a, b).reshape(a.shape[0], -1).all(dim=1) if a.dim() else _equal(a, b).reshape(1)
-            if not bool(same.all()):
-                index = int((~same).to(torch.int8).argmax())
-                self.fail(
-                    "determinism",
-                    f"seeding: reset(seed={self.seed}) twice (state_dict() restored before each) with the "
-                    f"same {steps} actions gave different {what} at step {step}, sub-env index {index}: "
-                    f"first run {_fmt(a[index])}, second run {_fmt(b[index])}; expected identical. "
-                    "Fix: draw all randomness (initial states, noise) from a generator seeded in "
-                    "reset(seed=...), not from global RNGs.",
-                )
+            index = first_difference(a, b, leading=1)
+            if index is not None:
+                self.seeding_failure(steps, what, step, f"sub-env index {index[0]}", a[index[0]], b[index[0]])
                 return
 
 
@@ -488,20 +640,12 @@ def check_vec_env(env: Any, num_steps: int = 1000, seed: int = 0) -> CheckReport
     mid-episode; reset it before use.
     """
     checker = _Checker(env, num_steps, seed)
-    steps, returns, lengths = 0, [], []
-    try:
-        checker.check_structure()
-        checker.check_reset()
-        steps, returns, lengths = checker.run()
-        checker.check_determinism()
-    except _Abort:
-        pass
-    checker.raise_violations("VecEnv contract", "phalanx.envs.core")
+    steps = checker.check()
     return CheckReport(
         env=checker.name,
         num_steps=steps,
-        episodes=len(lengths),
-        mean_episode_return=float(np.mean(returns)) if returns else float("nan"),
-        mean_episode_length=float(np.mean(lengths)) if lengths else float("nan"),
+        episodes=len(checker.lengths),
+        mean_episode_return=float(np.mean(checker.returns)) if checker.returns else float("nan"),
+        mean_episode_length=float(np.mean(checker.lengths)) if checker.lengths else float("nan"),
         warnings=checker.warnings,
     )

@@ -10,16 +10,21 @@ masks, among the allowed actions.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.check import CheckerBase, _Abort, _equal, _fmt, _same_device
+from phalanx.envs.check import (
+    CheckAborted,
+    CheckerBase,
+    equal_with_nan,
+    first_difference,
+    first_true,
+    format_values,
+)
 from phalanx.marl.core import AgentGroup, MultiAgentVecEnv
 
 __all__ = ["MultiAgentCheckReport", "check_multi_agent_env"]
@@ -43,51 +48,50 @@ class MultiAgentCheckReport:
 
 
 class _Checker(CheckerBase):
+    contract = MultiAgentVecEnv
+    contract_name = "phalanx.marl.MultiAgentVecEnv"
+    contract_title = "multi-agent VecEnv contract"
+    batched_name = "BatchedMultiAgentEnv"
+    init_arguments = "num_envs, groups, state_space, device"
+    required = _REQUIRED
+    step_returns = "(obs, rewards, terminated, truncated, info)"
+
     def __init__(self, env: Any, steps: int, seed: int) -> None:
-        super().__init__(env, seed)
-        self.steps = steps
+        super().__init__(env, steps, seed)
         self.groups: dict[str, AgentGroup] = {}
         self.state_dim: int | None = None
         self.masked = False
+        self.masks: dict[str, torch.Tensor] | None = None  # the action masks the next actions obey
+        self.running: dict[str, torch.Tensor] = {}  # per group, each agent's rewards since its episode began
+        self.returns: dict[str, list[float]] = {}
 
     def agent(self, group: str, index: int) -> str:
         agents = self.groups[group].agents
         return repr(agents[index]) if 0 <= index < len(agents) else f"#{index}"
 
+    def locate(self, x: torch.Tensor, index: list[int], group: str | None) -> tuple[str, torch.Tensor]:
+        if group is None or len(index) < 2:
+            return super().locate(x, index, group)
+        return f"sub-env index {index[0]}, agent {self.agent(group, index[1])}", x[index[0], index[1]]
+
     # -- static structure --------------------------------------------------------------------------
     def check_structure(self) -> None:
-        env = self.env
-        missing = [name for name in _REQUIRED if not hasattr(env, name)]
-        if missing:
-            self.fail(
-                "attributes",
-                f"{type(env).__name__} is missing {', '.join(missing)}: expected a "
-                f"phalanx.marl.MultiAgentVecEnv with {', '.join(_REQUIRED)}. Fix: subclass MultiAgentVecEnv "
-                "(or BatchedMultiAgentEnv) and call its __init__(num_envs, groups, state_space, device).",
-            )
-            raise _Abort
-        if not isinstance(env, MultiAgentVecEnv):
-            self.warnings.append(
-                f"{type(env).__name__} is not a subclass of phalanx.marl.core.MultiAgentVecEnv (it has the "
-                "attributes, so the check continues); subclass it so that trainers recognise it."
-            )
-        n = env.num_envs
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            self.fail("num_envs", f"num_envs: expected an int >= 1, got {n!r} ({type(n).__name__}).")
-            raise _Abort
-        self.n = int(n)
-        try:
-            self.device = torch.device(env.device)
-        except (RuntimeError, TypeError):
-            self.fail("device", f"device: expected a torch.device, got {env.device!r}.")
-        groups = env.groups
+        self.check_attributes()
+        self.check_groups_declared()
+        self.check_state_space()
+        self.check_autoreset_mode()
+        self.check_has_action_mask()
+
+    def check_groups_declared(self) -> None:
+        """``groups``: a non-empty dict of AgentGroups with float32 spaces, every agent in one group."""
+        groups = self.env.groups
         if not isinstance(groups, dict) or not groups:
             self.fail(
                 "groups",
                 f"groups: expected a non-empty dict {{name: AgentGroup}}, got {groups!r}. Fix: pass one "
                 "AgentGroup per set of agents with equal spaces to MultiAgentVecEnv.__init__.",
             )
-            raise _Abort
+            raise CheckAborted
         for name, group in groups.items():
             if not isinstance(group, AgentGroup):
                 self.fail(
@@ -109,7 +113,7 @@ class _Checker(CheckerBase):
                 )
             self.groups[name] = group
         if not self.groups:
-            raise _Abort
+            raise CheckAborted
         agents = [agent for group in self.groups.values() for agent in group.agents]
         repeated = sorted({agent for agent in agents if agents.count(agent) > 1})
         if repeated:
@@ -118,25 +122,21 @@ class _Checker(CheckerBase):
                 f"groups: agents {repeated} appear more than once (in one group or in several); "
                 "expected every agent in exactly one group.",
             )
-        state_space = env.state_space
+
+    def check_state_space(self) -> None:
+        state_space = self.env.state_space
         if not isinstance(state_space, gym.spaces.Box) or len(state_space.shape) != 1:
             self.fail("state_space", f"state_space: expected a flat Box (state_dim,), got {state_space!r}.")
-        else:
-            self.state_dim = int(state_space.shape[0])
-            if state_space.dtype != np.float32:
-                self.fail(
-                    "state_space:dtype",
-                    f"state_space.dtype: expected float32 (states are float32 tensors), got "
-                    f"{state_space.dtype}.",
-                )
-        mode = env.metadata.get("autoreset_mode") if isinstance(env.metadata, dict) else None
-        if mode != AutoresetMode.SAME_STEP and mode != AutoresetMode.SAME_STEP.value:
+            return
+        self.state_dim = int(state_space.shape[0])
+        if state_space.dtype != np.float32:
             self.fail(
-                "autoreset_mode",
-                f'metadata["autoreset_mode"]: expected AutoresetMode.SAME_STEP, got {mode!r}. Fix: inherit '
-                "MultiAgentVecEnv.metadata and reset ended sub-envs inside step, with info['final_obs'].",
+                "state_space:dtype",
+                f"state_space.dtype: expected float32 (states are float32 tensors), got {state_space.dtype}.",
             )
-        masked = getattr(env, "has_action_mask", False)
+
+    def check_has_action_mask(self) -> None:
+        masked = getattr(self.env, "has_action_mask", False)
         if not isinstance(masked, bool):
             self.fail("has_action_mask", f"has_action_mask: expected a bool, got {masked!r}.")
         self.masked = bool(masked)
@@ -148,44 +148,6 @@ class _Checker(CheckerBase):
             )
 
     # -- arrays ------------------------------------------------------------------------------------
-    def check_tensor(
-        self, where: str, x: Any, shape: tuple[int, ...] | None, dtype: torch.dtype, group: str | None = None
-    ) -> bool:
-        """Check one returned tensor (finite if floating); return whether it has the expected shape."""
-        if not isinstance(x, torch.Tensor):
-            self.fail(
-                f"{where}:type",
-                f"{where}: expected a torch.Tensor, got {type(x).__name__}. Fix: return "
-                "torch.as_tensor(x, device=env.device).",
-            )
-            return False
-        ok = True
-        if shape is not None and tuple(x.shape) != shape:
-            self.fail(f"{where}:shape", f"{where}: expected shape {shape}, got {tuple(x.shape)}.")
-            ok = False
-        if x.dtype != dtype:
-            self.fail(f"{where}:dtype", f"{where}: expected dtype {dtype}, got {x.dtype}. Fix: .to({dtype}).")
-        if self.device is not None and not _same_device(x.device, self.device):
-            self.fail(
-                f"{where}:device",
-                f"{where}: expected device {self.device} (env.device), got {x.device}. Fix: create the "
-                "tensor on env.device.",
-            )
-        if x.is_floating_point() and x.numel() > 0 and x.dim() >= 1:
-            finite = torch.isfinite(x)
-            if not bool(finite.all()):
-                bad = (~finite).nonzero()[0].tolist()
-                place = f"sub-env index {bad[0]}"
-                if group is not None and len(bad) > 1:
-                    place += f", agent {self.agent(group, bad[1])}"
-                row = x[tuple(bad[:2])] if group is not None and len(bad) > 1 else x[bad[0]]
-                self.fail(
-                    f"{where}:finite",
-                    f"{where}{self.at}: expected finite values, got {_fmt(row)} at {place}. Fix: check the "
-                    "dynamics for divisions by zero, exp/log overflow or unbounded state.",
-                )
-        return ok
-
     def check_groups(
         self, where: str, value: Any, dims: dict[str, tuple[int, ...]], dtype: torch.dtype
     ) -> bool:
@@ -207,13 +169,16 @@ class _Checker(CheckerBase):
         for name, tail in dims.items():
             if name in value:
                 shape = (self.n, self.groups[name].num_agents, *tail)
-                ok = self.check_tensor(f"{where}[{name!r}]", value[name], shape, dtype, group=name) and ok
+                ok = self.check_tensor(f"{where}[{name!r}]", value[name], shape, dtype, True, name) and ok
             else:
                 ok = False
         return ok
 
     def obs_dims(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(group.observation_space.shape) for name, group in self.groups.items()}
+
+    def reward_dims(self) -> dict[str, tuple[int, ...]]:
+        return {name: () for name in self.groups}
 
     def mask_dims(self) -> dict[str, tuple[int, ...]]:
         return {name: (int(g.action_space.n),) for name, g in self.groups.items() if g.discrete}
@@ -228,7 +193,7 @@ class _Checker(CheckerBase):
             )
             return False
         shape = None if self.state_dim is None else (self.n, self.state_dim)
-        return self.check_tensor(where, state, shape, torch.float32)
+        return self.check_tensor(where, state, shape, torch.float32, finite=True)
 
     def check_masks(self, where: str, masks: Any) -> bool:
         if masks is None:
@@ -270,12 +235,13 @@ class _Checker(CheckerBase):
         return ok
 
     # -- actions -----------------------------------------------------------------------------------
-    def make_sampler(self) -> Any:
+    def make_action_sampler(self) -> Any:
+        """Random actions within each group's space, among the allowed ones of ``self.masks``."""
         generator = torch.Generator().manual_seed(self.seed)
         device = self.device or torch.device("cpu")
 
-        def sample(masks: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-            actions = {}
+        def sample() -> dict[str, torch.Tensor]:
+            masks, actions = self.masks, {}
             for name, group in self.groups.items():
                 space = group.action_space
                 if group.discrete:
@@ -303,247 +269,176 @@ class _Checker(CheckerBase):
         return sample
 
     # -- reset and step ----------------------------------------------------------------------------
-    def check_reset(self) -> dict[str, torch.Tensor] | None:
-        result = self.call(f"reset(seed={self.seed})", self.env.reset, seed=self.seed)
-        if not (isinstance(result, tuple) and len(result) == 2):
-            got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
-            self.fail("reset:tuple", f"reset(): expected a 2-tuple (obs, info), got {got}.")
-            raise _Abort
-        obs, info = result
+    def check_reset(self) -> None:
+        obs, info = self.reset_result()
         self.check_groups("reset() obs", obs, self.obs_dims(), torch.float32)
-        if not isinstance(info, dict):
-            self.fail("reset:info", f"reset() info: expected a dict, got {type(info).__name__}.")
-            return None
+        if info is None:
+            return
         self.check_state('reset() info["state"]', info.get("state"))
+        if self.masked and self.check_masks('reset() info["action_mask"]', info.get("action_mask")):
+            self.masks = info["action_mask"]
+
+    def run(self) -> int:
+        self.running = {
+            name: torch.zeros(self.n, g.num_agents, dtype=torch.float64) for name, g in self.groups.items()
+        }
+        self.returns = {name: [] for name in self.groups}
+        return super().run()
+
+    def check_step(
+        self, step: int, obs: Any, rewards: Any, terminated: Any, truncated: Any, info: Any
+    ) -> None:
+        obs_ok = self.check_groups("step() obs", obs, self.obs_dims(), torch.float32)
+        rewards_ok = self.check_groups("step() rewards", rewards, self.reward_dims(), torch.float32)
+        done = self.check_flags(terminated, truncated, info)
+        if not isinstance(info, dict):
+            return
+        state = info.get("state")
+        state_ok = self.check_state('step() info["state"]', state)
+        self.masks = None
+        if self.masked and self.check_masks('step() info["action_mask"]', info.get("action_mask")):
+            self.masks = info["action_mask"]
+        if done is None:
+            return
+        self.counted += 1
+        if rewards_ok:
+            for name in self.groups:
+                self.running[name] += rewards[name].detach().cpu().to(torch.float64)
+        self.check_final_obs(step, info, obs if obs_ok else None, done)
+        self.check_final_state(step, info, state if state_ok else None, done)
         if self.masked:
-            if self.check_masks('reset() info["action_mask"]', info.get("action_mask")):
-                return info["action_mask"]
-        return None
+            self.check_final_masks(step, info, done)
+        self.check_final_mask(step, info, done)
+        self.check_episode_return(step, info, done, rewards_ok)
+        self.check_episode_length(step, info, done)
+        self.counted[done] = 0
+        for name in self.groups:
+            self.running[name][done] = 0.0
 
-    def run(self, masks: dict[str, torch.Tensor] | None) -> tuple[int, dict[str, list[float]], list[int]]:
-        """Step ``steps`` times with random actions; return (steps run, returns per group, lengths)."""
-        sample = self.make_sampler()
-        n = self.n
-        obs_dims = self.obs_dims()
-        counted = torch.zeros(n, dtype=torch.int64)  # steps since the last episode end, per row
-        running = {name: torch.zeros(n, g.num_agents, dtype=torch.float64) for name, g in self.groups.items()}
-        saw_end = saw_reset_differ = False
-        returns: dict[str, list[float]] = {name: [] for name in self.groups}
-        lengths: list[int] = []
-        step = 0
-        for step in range(1, self.steps + 1):
-            self.at = f" at step {step}"
-            result = self.call(f"step(actions) at step {step}", self.env.step, sample(masks))
-            if not (isinstance(result, tuple) and len(result) == 5):
-                got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
+    def not_ended_but_different(self, done: torch.Tensor, same: torch.Tensor) -> list[int] | None:
+        """The first (row, agent) where no episode ended but ``same`` (row, agent) is false."""
+        return first_true(~done.view(-1, 1) & ~same)
+
+    def check_final_obs(self, step: int, info: dict, obs: dict | None, done: torch.Tensor) -> None:
+        """``info["final_obs"]``: a dict like obs, equal to it in the rows where no episode ended."""
+        final = self.missing(
+            info,
+            "final_obs",
+            "a dict like obs with the true next observations of every row (the last ones of the finished "
+            "episode where it ended).",
+        )
+        if final is None:
+            return
+        if (
+            not self.check_groups('step() info["final_obs"]', final, self.obs_dims(), torch.float32)
+            or obs is None
+        ):
+            return
+        for name in self.groups:
+            same = equal_with_nan(final[name], obs[name]).all(dim=2).cpu()  # (n, A)
+            wrong = self.not_ended_but_different(done, same)
+            if wrong is not None:
+                row, agent = wrong
                 self.fail(
-                    "step:tuple",
-                    f"step(): expected a 5-tuple (obs, rewards, terminated, truncated, info), got {got}.",
+                    f"final_obs:not_ended:{name}",
+                    f'step() info["final_obs"][{name!r}] at step {step}, sub-env index {row}, agent '
+                    f"{self.agent(name, agent)} (episode not ended): expected equal to obs "
+                    f"{format_values(obs[name][row, agent])}, got {format_values(final[name][row, agent])}. "
+                    "Fix: final_obs must be the true next observation of every row.",
                 )
-                raise _Abort
-            obs, rewards, terminated, truncated, info = result
-            obs_ok = self.check_groups("step() obs", obs, obs_dims, torch.float32)
-            rew_ok = self.check_groups(
-                "step() rewards", rewards, {name: () for name in self.groups}, torch.float32
-            )
-            term_ok = self.check_tensor("step() terminated", terminated, (n,), torch.bool)
-            trunc_ok = self.check_tensor("step() truncated", truncated, (n,), torch.bool)
-            if not isinstance(info, dict):
-                self.fail("step:info", f"step() info: expected a dict, got {type(info).__name__}.")
-                continue
-            state = info.get("state")
-            state_ok = self.check_state('step() info["state"]', state)
-            masks = None
-            if self.masked and self.check_masks('step() info["action_mask"]', info.get("action_mask")):
-                masks = info["action_mask"]
-            if not (term_ok and trunc_ok):
-                continue
-            if terminated.dtype != torch.bool or truncated.dtype != torch.bool:
-                continue
-            done = (terminated | truncated).cpu()
-            counted += 1
-            if rew_ok:
-                for name in self.groups:
-                    running[name] += rewards[name].detach().cpu().to(torch.float64)
-            # final observations, state and masks, against the returned ones where no episode ended
-            final = info.get("final_obs")
-            if final is None:
-                self.fail(
-                    "final_obs:missing",
-                    'step() info["final_obs"]: missing; expected a dict like obs with the true next '
-                    "observations of every row (the last ones of the finished episode where it ended).",
-                )
-            elif self.check_groups('step() info["final_obs"]', final, obs_dims, torch.float32) and obs_ok:
-                for name in self.groups:
-                    same = _equal(final[name], obs[name]).all(dim=2).cpu()  # (n, A)
-                    row_same = same.all(dim=1)
-                    wrong = ~done.view(-1, 1) & ~same
-                    if bool(wrong.any()):
-                        row, agent = wrong.nonzero()[0].tolist()
-                        self.fail(
-                            f"final_obs:not_ended:{name}",
-                            f'step() info["final_obs"][{name!r}] at step {step}, sub-env index {row}, agent '
-                            f"{self.agent(name, agent)} (episode not ended): expected equal to obs "
-                            f"{_fmt(obs[name][row, agent])}, got {_fmt(final[name][row, agent])}. Fix: "
-                            "final_obs must be the true next observation of every row.",
-                        )
-                    if bool(done.any()):
-                        saw_end = True
-                        saw_reset_differ = saw_reset_differ or bool((done & ~row_same).any())
-            final_state = info.get("final_state")
-            if self.check_state('step() info["final_state"]', final_state) and state_ok:
-                same = _equal(final_state, state).all(dim=1).cpu()
-                wrong = ~done & ~same
-                if bool(wrong.any()):
-                    row = int(wrong.nonzero()[0])
-                    self.fail(
-                        "final_state:not_ended",
-                        f'step() info["final_state"] at step {step}, sub-env index {row} (episode not '
-                        f'ended): expected equal to info["state"] {_fmt(state[row])}, got '
-                        f"{_fmt(final_state[row])}.",
-                    )
-            if self.masked:
-                final_masks = info.get("final_action_mask")
-                if self.check_masks('step() info["final_action_mask"]', final_masks) and masks is not None:
-                    for name in self.mask_dims():
-                        same = (final_masks[name] == masks[name]).all(dim=2).cpu()
-                        wrong = ~done.view(-1, 1) & ~same
-                        if bool(wrong.any()):
-                            row, agent = wrong.nonzero()[0].tolist()
-                            self.fail(
-                                f"final_action_mask:not_ended:{name}",
-                                f'step() info["final_action_mask"][{name!r}] at step {step}, sub-env index '
-                                f"{row}, agent {self.agent(name, agent)} (episode not ended): expected equal "
-                                'to info["action_mask"].',
-                            )
-            mask = info.get("_final_obs")
-            if mask is None:
-                self.fail(
-                    "_final_obs:missing",
-                    'step() info["_final_obs"]: missing; expected the bool (num_envs,) mask '
-                    "terminated | truncated.",
-                )
-            elif self.check_tensor('step() info["_final_obs"]', mask, (n,), torch.bool):
-                differ = mask.cpu() != done
-                if bool(differ.any()):
-                    row = int(differ.nonzero()[0])
-                    self.fail(
-                        "_final_obs:value",
-                        f'step() info["_final_obs"] at step {step}, sub-env index {row}: expected '
-                        f"terminated | truncated = {bool(done[row])}, got {bool(mask[row])}.",
-                    )
-            # episode statistics
-            ep_return, ep_length = info.get("episode_return"), info.get("episode_length")
-            if ep_return is None:
-                self.fail(
-                    "episode_return:missing",
-                    'step() info["episode_return"]: missing; expected a dict {group: (num_envs, A_g)} valid '
-                    "where an episode ended. Fix: phalanx.envs.EpisodeStatistics(num_envs, device, "
-                    "(num_agents,)).",
-                )
-                ret_ok = False
-            else:
-                ret_ok = self.check_groups(
-                    'step() info["episode_return"]',
-                    ep_return,
-                    {name: () for name in self.groups},
-                    torch.float32,
-                )
-            if ep_length is None:
-                self.fail(
-                    "episode_length:missing",
-                    'step() info["episode_length"]: missing; expected a (num_envs,) int64 tensor valid where '
-                    "an episode ended.",
-                )
-                len_ok = False
-            else:
-                len_ok = self.check_tensor('step() info["episode_length"]', ep_length, (n,), torch.int64)
-            if bool(done.any()):
-                rows = torch.nonzero(done).flatten()
-                if len_ok:
-                    got = ep_length.cpu()[rows]
-                    mismatch = got != counted[rows]
-                    if bool(mismatch.any()):
-                        row = int(rows[int(mismatch.nonzero()[0])])
-                        self.fail(
-                            "episode_length:count",
-                            f'step() info["episode_length"] at step {step}, sub-env index {row}: expected '
-                            f"{int(counted[row])} (steps since that sub-env's previous episode ended), got "
-                            f"{int(ep_length[row])}.",
-                        )
-                    lengths.extend(int(v) for v in got)
-                if ret_ok and rew_ok:
-                    for name in self.groups:
-                        got = ep_return[name].detach().cpu().to(torch.float64)[rows]
-                        expected = running[name][rows]
-                        close = (got - expected).abs() <= _RETURN_TOLERANCE * (1.0 + expected.abs())
-                        if not bool(close.all()):
-                            i, agent = (~close).nonzero()[0].tolist()
-                            row, who = int(rows[i]), self.agent(name, agent)
-                            want, have = float(expected[i, agent]), float(got[i, agent])
-                            self.fail(
-                                f"episode_return:sum:{name}",
-                                f'step() info["episode_return"][{name!r}] at step {step}, sub-env index '
-                                f"{row}, agent {who}: expected {want:.6g} (the sum of its rewards since the "
-                                f"episode began), got {have:.6g}. Fix: add each step's reward and reset the "
-                                "sum when an episode ends.",
-                            )
-                        returns[name].extend(float(v) for v in got.flatten())
-                counted[done] = 0
-                for name in self.groups:
-                    running[name][done] = 0.0
-        if saw_end and not saw_reset_differ:
+            self.note_ended(done, same.all(dim=1))
+
+    def check_final_state(
+        self, step: int, info: dict, state: torch.Tensor | None, done: torch.Tensor
+    ) -> None:
+        """``info["final_state"]``: equal to ``info["state"]`` in the rows where no episode ended."""
+        final = info.get("final_state")
+        if not self.check_state('step() info["final_state"]', final) or state is None:
+            return
+        wrong = first_true(~done & ~equal_with_nan(final, state).all(dim=1).cpu())
+        if wrong is not None:
+            (row,) = wrong
             self.fail(
-                "autoreset",
-                'step() autoreset: expected info["final_obs"] to differ from obs in some row where an '
-                "episode ended (obs should be the first observation of the next episode), but every ended "
-                "row had final_obs == obs. The env probably does not reset ended sub-envs inside step.",
+                "final_state:not_ended",
+                f'step() info["final_state"] at step {step}, sub-env index {row} (episode not '
+                f'ended): expected equal to info["state"] {format_values(state[row])}, got '
+                f"{format_values(final[row])}.",
             )
-        if not saw_end:
-            self.warnings.append(
-                f"no episode ended in {step} steps x {n} sub-envs: autoreset, final_obs and the episode "
-                "statistics were not verified. Raise steps, or give the env a time limit."
-            )
-        return step, returns, lengths
 
+    def check_final_masks(self, step: int, info: dict, done: torch.Tensor) -> None:
+        """``info["final_action_mask"]``: equal to ``info["action_mask"]`` where no episode ended."""
+        final = info.get("final_action_mask")
+        if not self.check_masks('step() info["final_action_mask"]', final) or self.masks is None:
+            return
+        for name in self.mask_dims():
+            wrong = self.not_ended_but_different(done, (final[name] == self.masks[name]).all(dim=2).cpu())
+            if wrong is not None:
+                row, agent = wrong
+                self.fail(
+                    f"final_action_mask:not_ended:{name}",
+                    f'step() info["final_action_mask"][{name!r}] at step {step}, sub-env index '
+                    f"{row}, agent {self.agent(name, agent)} (episode not ended): expected equal "
+                    'to info["action_mask"].',
+                )
+
+    def check_episode_return(self, step: int, info: dict, done: torch.Tensor, rewards_ok: bool) -> None:
+        """``info["episode_return"]``: per group, each agent's summed rewards where its episode ended."""
+        value = self.missing(
+            info,
+            "episode_return",
+            "a dict {group: (num_envs, A_g)} valid where an episode ended. Fix: "
+            "phalanx.envs.EpisodeStatistics(num_envs, device, (num_agents,)).",
+        )
+        if value is None:
+            return
+        ok = self.check_groups('step() info["episode_return"]', value, self.reward_dims(), torch.float32)
+        if not (ok and rewards_ok and bool(done.any())):
+            return
+        rows = torch.nonzero(done).flatten()
+        for name in self.groups:
+            got = value[name].detach().cpu().to(torch.float64)[rows]
+            expected = self.running[name][rows]
+            wrong = first_true((got - expected).abs() > _RETURN_TOLERANCE * (1.0 + expected.abs()))
+            if wrong is not None:
+                i, agent = wrong
+                want, have = float(expected[i, agent]), float(got[i, agent])
+                self.fail(
+                    f"episode_return:sum:{name}",
+                    f'step() info["episode_return"][{name!r}] at step {step}, sub-env index {int(rows[i])}, '
+                    f"agent {self.agent(name, agent)}: expected {want:.6g} (the sum of its rewards since the "
+                    f"episode began), got {have:.6g}. Fix: add each step's reward and reset the sum when an "
+                    "episode ends.",
+                )
+            self.returns[name].extend(float(v) for v in got.flatten())
+
+    # -- seeding -----------------------------------------------------------------------------------
     def check_determinism(self) -> None:
-        steps = min(_DETERMINISM_STEPS, self.steps)
-        try:
-            snapshot = copy.deepcopy(self.env.state_dict())
-        except Exception:  # noqa: BLE001 - no usable state_dict: compare without restoring
-            snapshot = None
-        runs = []
-        for _ in range(2):
-            if snapshot is not None:
-                self.call("load_state_dict(state)", self.env.load_state_dict, copy.deepcopy(snapshot))
-            sample = self.make_sampler()
+        steps = min(_DETERMINISM_STEPS, self.num_steps)
+
+        def play() -> list[tuple[str, int, Any]]:
+            sample = self.make_action_sampler()
             obs, info = self.call(f"reset(seed={self.seed})", self.env.reset, seed=self.seed)
-            masks = info.get("action_mask") if self.masked and isinstance(info, dict) else None
+            self.masks = info.get("action_mask") if self.masked and isinstance(info, dict) else None
             trace = [("reset() obs", 0, obs)]
             for step in range(1, steps + 1):
-                obs, rewards, *_, info = self.call(
-                    f"step(actions) at step {step}", self.env.step, sample(masks)
-                )
-                masks = info.get("action_mask") if self.masked and isinstance(info, dict) else None
+                obs, rewards, *_, info = self.call(f"step(actions) at step {step}", self.env.step, sample())
+                self.masks = info.get("action_mask") if self.masked and isinstance(info, dict) else None
                 trace += [("obs", step, obs), ("rewards", step, rewards)]
-            runs.append(trace)
-        for (what, step, a), (_, _, b) in zip(*runs, strict=True):
+            return trace
+
+        for (what, step, a), (_, _, b) in zip(*self.replay_twice(play), strict=True):
             if not isinstance(a, dict) or not isinstance(b, dict) or set(a) != set(b):
                 return
             for name in a:
                 x, y = a[name], b[name]
                 if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape:
                     return
-                same = _equal(x, y).reshape(x.shape[0], x.shape[1] if x.dim() > 1 else 1, -1).all(dim=2)
-                if not bool(same.all()):
-                    row, agent = (~same).nonzero()[0].tolist()
-                    self.fail(
-                        "determinism",
-                        f"seeding: reset(seed={self.seed}) twice (state_dict() restored before each) with "
-                        f"the same {steps} actions gave different {what}[{name!r}] at step {step}, sub-env "
-                        f"index {row}, agent {self.agent(name, agent)}: first run {_fmt(x[row, agent])}, "
-                        f"second run {_fmt(y[row, agent])}; expected identical. Fix: draw all randomness "
-                        "from generators seeded in reset(seed=...), not from global RNGs.",
+                index = first_difference(x, y, leading=2)
+                if index is not None:
+                    row, agent = index
+                    place = f"sub-env index {row}, agent {self.agent(name, agent)}"
+                    self.seeding_failure(
+                        steps, f"{what}[{name!r}]", step, place, x[row, agent], y[row, agent]
                     )
                     return
 
@@ -564,20 +459,14 @@ def check_multi_agent_env(env: Any, steps: int = 200, seed: int = 0) -> MultiAge
     reset or mid-episode; reset it before use.
     """
     checker = _Checker(env, int(steps), int(seed))
-    num_steps, returns, lengths = 0, {}, []
-    try:
-        checker.check_structure()
-        masks = checker.check_reset()
-        num_steps, returns, lengths = checker.run(masks)
-        checker.check_determinism()
-    except _Abort:
-        pass
-    checker.raise_violations("multi-agent VecEnv contract", "phalanx.marl.core")
+    num_steps = checker.check()
     return MultiAgentCheckReport(
         env=checker.name,
         num_steps=num_steps,
-        episodes=len(lengths),
-        mean_episode_return={name: float(np.mean(v)) if v else float("nan") for name, v in returns.items()},
-        mean_episode_length=float(np.mean(lengths)) if lengths else float("nan"),
+        episodes=len(checker.lengths),
+        mean_episode_return={
+            name: float(np.mean(v)) if v else float("nan") for name, v in checker.returns.items()
+        },
+        mean_episode_length=float(np.mean(checker.lengths)) if checker.lengths else float("nan"),
         warnings=checker.warnings,
     )
