@@ -78,6 +78,36 @@ def _load(data: Any, tickers: Any, missing: str, fill_limit: int) -> Any:
     return market
 
 
+def _check_settings(name: str, settings: dict[str, Any]) -> None:
+    """An :class:`EnvError` naming the first setting of ``name`` out of its range."""
+    episode_length, threshold = settings["episode_length"], settings["turbulence_threshold"]
+    for key, ok, expected in (
+        ("initial_cash", settings["initial_cash"] > 0, "> 0"),
+        ("transaction_cost", 0 <= settings["transaction_cost"] < 1, "in [0, 1), e.g. 0.001"),
+        ("max_trade", settings["max_trade"] > 0, "> 0 (a fraction of the portfolio value, e.g. 0.1)"),
+        ("reward_scaling", settings["reward_scaling"] > 0, "> 0"),
+        ("max_leverage", settings["max_leverage"] >= 1, ">= 1 (1: no leverage)"),
+        (
+            "episode_length",
+            episode_length is None or (isinstance(episode_length, int) and episode_length >= 1),
+            "an integer >= 1, or None for the whole period",
+        ),
+        ("turbulence_threshold", threshold is None or threshold > 0, "> 0 or None"),
+        ("turbulence_window", settings["turbulence_window"] >= 2, "an integer >= 2"),
+    ):
+        if not ok:
+            raise EnvError(f"{name}: {key} = {settings[key]!r} is invalid: expected {expected}.")
+
+
+def _observation_names(tickers: list[str], turbulence: bool) -> list[str]:
+    """The names of the observation's values, in order (see the module docstring)."""
+    names = ["cash_fraction", "log_value"]
+    names += [
+        f"{ticker}.{feature}" for ticker in tickers for feature in ("weight", "log_price", *FEATURE_NAMES)
+    ]
+    return names + ["turbulence"] if turbulence else names
+
+
 class StockTradingVecEnv(BatchedVecEnv):
     """``num_envs`` portfolios trading ``S`` stocks on real prices; see the module docstring.
 
@@ -133,39 +163,69 @@ class StockTradingVecEnv(BatchedVecEnv):
         fill_limit: int = 5,
         dtype: torch.dtype | None = None,
     ) -> None:
-        name = type(self).__name__
-        for key, value, ok, expected in (
-            ("initial_cash", initial_cash, initial_cash > 0, "> 0"),
-            ("transaction_cost", transaction_cost, 0 <= transaction_cost < 1, "in [0, 1), e.g. 0.001"),
-            ("max_trade", max_trade, max_trade > 0, "> 0 (a fraction of the portfolio value, e.g. 0.1)"),
-            ("reward_scaling", reward_scaling, reward_scaling > 0, "> 0"),
-            ("max_leverage", max_leverage, max_leverage >= 1, ">= 1 (1: no leverage)"),
-            (
-                "episode_length",
-                episode_length,
-                episode_length is None or (isinstance(episode_length, int) and episode_length >= 1),
-                "an integer >= 1, or None for the whole period",
-            ),
-            (
-                "turbulence_threshold",
-                turbulence_threshold,
-                turbulence_threshold is None or turbulence_threshold > 0,
-                "> 0 or None",
-            ),
-            ("turbulence_window", turbulence_window, turbulence_window >= 2, "an integer >= 2"),
-        ):
-            if not ok:
-                raise EnvError(f"{name}: {key} = {value!r} is invalid: expected {expected}.")
+        settings = {
+            "initial_cash": initial_cash,
+            "transaction_cost": transaction_cost,
+            "max_trade": max_trade,
+            "reward_scaling": reward_scaling,
+            "allow_short": allow_short,
+            "max_leverage": max_leverage,
+            "turbulence_threshold": turbulence_threshold,
+            "turbulence_window": turbulence_window,
+            "dtype": dtype,
+        }
+        _check_settings(type(self).__name__, {**settings, "episode_length": episode_length})
         market = _load(data, tickers, missing, fill_limit)
         self.market = market
         self.tickers = list(market.tickers)
         self.dates = market.dates  # (T,) datetime64[ns]
-        num_stocks = len(self.tickers)
         vendored = data is None
+        self.warmup = WARMUP_BARS + (turbulence_window + 1 if turbulence_threshold is not None else 0)
+        self._choose_periods(start, end, test_start, test_end, episode_length, random_start, vendored)
+        self.index_series = self._load_index(index, vendored)  # MarketData or None
+        self.index_data = None  # (T,) index level on this env's calendar (NaN before it starts)
+        if self.index_series is not None:
+            from phalanx.finance.data import align_to_dates
+
+            self.index_data = align_to_dates(self.index_series, self.dates)
+
+        self.initial_cash = float(initial_cash)
+        self.transaction_cost = float(transaction_cost)
+        self.max_trade = float(max_trade)
+        self.reward_scaling = float(reward_scaling)
+        self.allow_short = bool(allow_short)
+        self.max_leverage = float(max_leverage)
+        self.turbulence_threshold = turbulence_threshold
+        self.turbulence_window = int(turbulence_window)
+        self._settings = {"index": self.index_series, **settings}  # what backtest_env passes on
+
+        self.observation_names = _observation_names(self.tickers, turbulence_threshold is not None)
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (len(self.observation_names),), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (len(self.tickers),), np.float32)
+        super().__init__(num_envs, observation_space, action_space, device, self.episode_length)
+        if dtype is None:
+            dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        self.dtype = dtype
+        self._compute_market_tensors()
+        self._allocate_portfolios()
+
+    # -- construction helpers ------------------------------------------------------------------------
+    def _choose_periods(
+        self,
+        start: Any,
+        end: Any,
+        test_start: Any,
+        test_end: Any,
+        episode_length: int | None,
+        random_start: bool,
+        vendored: bool,
+    ) -> None:
+        """The training period's bars (after the indicator warm-up), the episode length, the last start
+        bar and the held-out test period; a :class:`DataError` where the period is too short."""
+        market, name = self.market, type(self).__name__
         if end is None:
             end = DEFAULT_TRAIN_END if vendored else market.date(max(0, int(0.8 * market.num_bars) - 1))
         first, last = market.index_range(start, end, what="training period")
-        self.warmup = WARMUP_BARS + (turbulence_window + 1 if turbulence_threshold is not None else 0)
         first_start = max(first, self.warmup)
         if first_start > first and start is not None:
             logger.info(
@@ -194,74 +254,36 @@ class StockTradingVecEnv(BatchedVecEnv):
         if test_start is not None:
             test_first, test_last = market.index_range(test_start, test_end, what="test period")
             self.test_period = (market.date(test_first), market.date(test_last))
-        self.index_series = self._load_index(index, vendored)  # MarketData or None
-        self.index_data = None  # (T,) index level on this env's calendar (NaN before it starts)
-        if self.index_series is not None:
-            from phalanx.finance.data import align_to_dates
 
-            self.index_data = align_to_dates(self.index_series, self.dates)
-
-        self.initial_cash = float(initial_cash)
-        self.transaction_cost = float(transaction_cost)
-        self.max_trade = float(max_trade)
-        self.reward_scaling = float(reward_scaling)
-        self.allow_short = bool(allow_short)
-        self.max_leverage = float(max_leverage)
-        self.turbulence_threshold = turbulence_threshold
-        self.turbulence_window = int(turbulence_window)
-        self._settings = {
-            "index": self.index_series,
-            "initial_cash": initial_cash,
-            "transaction_cost": transaction_cost,
-            "max_trade": max_trade,
-            "reward_scaling": reward_scaling,
-            "allow_short": allow_short,
-            "max_leverage": max_leverage,
-            "turbulence_threshold": turbulence_threshold,
-            "turbulence_window": turbulence_window,
-            "dtype": dtype,
-        }
-
-        self.observation_names = ["cash_fraction", "log_value"] + [
-            f"{ticker}.{feature}"
-            for ticker in self.tickers
-            for feature in ("weight", "log_price", *FEATURE_NAMES)
-        ]
-        if turbulence_threshold is not None:
-            self.observation_names.append("turbulence")
-        observation_space = gym.spaces.Box(-np.inf, np.inf, (len(self.observation_names),), np.float32)
-        action_space = gym.spaces.Box(-1.0, 1.0, (num_stocks,), np.float32)
-        super().__init__(num_envs, observation_space, action_space, device, length)
-        if dtype is None:
-            dtype = torch.float32 if self.device.type == "mps" else torch.float64
-        self.dtype = dtype
-
-        # Market tensors on the device, computed once, up to the period's last bar (all causal).
-        horizon = last + 1
+    def _compute_market_tensors(self) -> None:
+        """Prices, log prices, features and turbulence on the device, computed once up to the training
+        period's last bar (all causal)."""
+        market, horizon = self.market, self.last_bar + 1
         close = torch.as_tensor(market.close[:horizon], device=self.device)
         volume = (
             None if market.volume is None else torch.as_tensor(market.volume[:horizon], device=self.device)
         )
-        self.prices = close.to(dtype)  # (T, S)
+        self.prices = close.to(self.dtype)  # (T, S)
         self.log_prices = close.to(torch.float64).log().to(torch.float32)  # (T, S)
         self.features = trading_features(close, volume)  # (T, S, F)
         self.turbulence: Tensor | None = None
-        if turbulence_threshold is not None:
+        if self.turbulence_threshold is not None:
             log_returns = self.log_prices.to(torch.float64).diff(dim=0, prepend=self.log_prices[:1].double())
             self.turbulence = turbulence(log_returns, self.turbulence_window).to(torch.float32)  # (T,)
 
-        n = self.num_envs
-        self.bar = torch.full((n,), first_start, dtype=torch.int64, device=self.device)  # (N,)
+    def _allocate_portfolios(self) -> None:
+        """Every row's portfolio (all cash, at the first bar) and what its last step did."""
+        n, dtype = self.num_envs, self.dtype
+        self.bar = torch.full((n,), self.first_bar, dtype=torch.int64, device=self.device)  # (N,)
         self.start_bar = self.bar.clone()  # (N,) first bar of each row's episode
         self.cash = torch.full((n,), self.initial_cash, dtype=dtype, device=self.device)  # (N,)
-        self.holdings = torch.zeros(n, num_stocks, dtype=dtype, device=self.device)  # (N, S) shares
+        self.holdings = torch.zeros(n, len(self.tickers), dtype=dtype, device=self.device)  # (N, S) shares
         self._price = self.prices.index_select(0, self.bar)  # (N, S) close at each row's bar
         # What the last step did, per row (read by backtests; not part of the checkpointed state).
         self.last_value = self.cash.clone()  # (N,) portfolio value after the step, at the next close
         self.last_trades = torch.zeros_like(self.holdings)  # (N, S) shares traded (+ buy, - sell)
         self.last_costs = torch.zeros_like(self.cash)  # (N,) transaction costs paid
 
-    # -- construction helpers ------------------------------------------------------------------------
     @staticmethod
     def _load_index(index: Any, vendored: bool) -> Any:
         from phalanx.finance.data import MarketData, load_market_data, load_sp500_index
