@@ -75,17 +75,8 @@ class RolloutBuffer:
         next_obs: Tensor,
     ) -> None:
         """Copy one step of N environments into row ``step`` (no allocation, no host sync)."""
-        row = dict(
-            obs=obs,
-            actions=actions,
-            log_probs=log_probs,
-            values=values,
-            rewards=rewards,
-            terminated=terminated,
-            dones=dones,
-            next_obs=next_obs,
-        )
-        for name, value in row.items():
+        row = (obs, actions, log_probs, values, rewards, terminated, dones, next_obs)  # in FIELDS' order
+        for name, value in zip(self.FIELDS, row, strict=True):
             storage = self._storage(name)
             if value.shape != storage.shape[1:]:
                 raise ValueError(

@@ -156,6 +156,32 @@ class EpisodeStatistics:
         self.lengths.copy_(state["lengths"])
 
 
+def step_info(final_obs: Any, done: Tensor, episode_return: Any, episode_length: Tensor) -> dict[str, Any]:
+    """The ``info`` a step returns under the contract: the true next observation of every row, the mask
+    ``terminated | truncated`` of the rows it is the last one of, and the episode statistics (valid
+    where ``done``)."""
+    return {
+        "final_obs": final_obs,
+        "_final_obs": done,
+        "episode_return": episode_return,
+        "episode_length": episode_length,
+    }
+
+
+class StatisticsCheckpoint:
+    """``state_dict`` / ``load_state_dict`` of an env whose simulator cannot be checkpointed (Gymnasium,
+    EnvPool): the episode statistics only; a resumed run resets the simulator."""
+
+    episode_statistics: EpisodeStatistics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Episode statistics only: the simulator cannot be checkpointed (a resume re-resets it)."""
+        return {"episode_statistics": self.episode_statistics.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episode_statistics.load_state_dict(state["episode_statistics"])
+
+
 class BatchedBookkeeping:
     """What the base class of a batched simulator keeps besides the physics, single- or multi-agent
     (:class:`BatchedVecEnv`, ``phalanx.marl.core.BatchedMultiAgentEnv``): the time limit, the seeded
@@ -282,13 +308,7 @@ class BatchedVecEnv(BatchedBookkeeping, VecEnv):
         self._reset_rows(done)
         self.elapsed_steps.masked_fill_(done, 0)
         obs = torch.where(done.view(-1, *([1] * (final_obs.dim() - 1))), self._observe(), final_obs)
-        info = {
-            "final_obs": final_obs,
-            "_final_obs": done,
-            "episode_return": episode_return,
-            "episode_length": episode_length,
-        }
-        return obs, reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, step_info(final_obs, done, episode_return, episode_length)
 
     def _seed_blocks(self, seeds: Sequence[int]) -> None:
         """One generator per block of ``num_envs / len(seeds)`` rows, block b seeded ``seeds[b]``."""

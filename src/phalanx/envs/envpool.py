@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
+from phalanx.envs.core import EpisodeStatistics, StatisticsCheckpoint, Tensor, VecEnv, step_info, tensor_space
 from phalanx.errors import EnvError
 
 __all__ = ["EnvPoolVecEnv"]
@@ -56,7 +56,7 @@ def _import_envpool(env_id: str) -> ModuleType:
     return envpool
 
 
-class EnvPoolVecEnv(VecEnv):
+class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
     """``num_envs`` copies of an EnvPool environment, stepped in C++, behind the phalanx VecEnv contract.
 
     Args:
@@ -300,11 +300,7 @@ class EnvPoolVecEnv(VecEnv):
         truncated = torch.from_numpy(raw_truncated).to(self.device)
         done = torch.from_numpy(ended).to(self.device)
         episode_return, episode_length = self.episode_statistics.step(reward, done)
-        info = dict(raw_info)
-        info["final_obs"] = final_obs
-        info["_final_obs"] = done
-        info["episode_return"] = episode_return
-        info["episode_length"] = episode_length
+        info = {**raw_info, **step_info(final_obs, done, episode_return, episode_length)}
         return obs, reward, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
@@ -312,14 +308,6 @@ class EnvPoolVecEnv(VecEnv):
             self.pool.close()
             self.closed = True
             self._needs_reset = True
-
-    # -- state -------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Episode statistics only: EnvPool's simulators cannot be checkpointed (a resume re-resets them)."""
-        return {"episode_statistics": self.episode_statistics.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.episode_statistics.load_state_dict(state["episode_statistics"])
 
     def __repr__(self) -> str:
         return f"EnvPoolVecEnv({self.env_id!r}, num_envs={self.num_envs}, device={self.device})"

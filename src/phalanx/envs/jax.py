@@ -80,7 +80,7 @@ import gymnasium as gym  # noqa: E402 - the environment variable above must be s
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv  # noqa: E402
+from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, step_info  # noqa: E402
 from phalanx.errors import EnvError  # noqa: E402
 
 __all__ = ["BraxVecEnv", "GymnaxVecEnv", "JaxVecEnv", "jax_device", "split_keys"]
@@ -317,12 +317,7 @@ class JaxVecEnv(VecEnv):
         truncated_t = self._to_torch(truncated)
         done = terminated_t | truncated_t
         episode_return, episode_length = self.episode_statistics.step(reward_t, done)
-        info = {
-            "final_obs": self._to_torch(final_obs),
-            "_final_obs": done,
-            "episode_return": episode_return,
-            "episode_length": episode_length,
-        }
+        info = step_info(self._to_torch(final_obs), done, episode_return, episode_length)
         return self._to_torch(obs), reward_t, terminated_t, truncated_t, info
 
     def close(self, **kwargs: Any) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.core import BatchedBookkeeping, as_device
+from phalanx.envs.core import BatchedBookkeeping, as_device, step_info
 from phalanx.errors import ConfigError, EnvError
 
 Tensor = torch.Tensor
@@ -245,14 +245,9 @@ class BatchedMultiAgentEnv(BatchedBookkeeping, MultiAgentVecEnv):
         self.elapsed_steps.masked_fill_(done, 0)
         fresh = self._observe()
         obs = {name: torch.where(done.view(-1, 1, 1), fresh[name], final_obs[name]) for name in self.groups}
-        info: dict[str, Any] = {
-            "state": torch.where(done.view(-1, 1), self._global_state(obs), final_state),
-            "final_obs": final_obs,
-            "final_state": final_state,
-            "_final_obs": done,
-            "episode_return": self.split(episode_return),
-            "episode_length": episode_length,
-        }
+        info = step_info(final_obs, done, self.split(episode_return), episode_length)
+        info["state"] = torch.where(done.view(-1, 1), self._global_state(obs), final_state)
+        info["final_state"] = final_state
         if final_mask is not None:
             fresh_mask = self._action_mask()
             info["action_mask"] = {
