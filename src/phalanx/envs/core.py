@@ -156,6 +156,16 @@ class EpisodeStatistics:
         self.lengths.copy_(state["lengths"])
 
 
+def action_layout(
+    space: gym.Space, num_envs: int, integer_dtype: torch.dtype
+) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of a batch of ``num_envs`` actions of ``space``: ``(num_envs,)`` of
+    ``integer_dtype`` for a Discrete space, ``(num_envs, *space.shape)`` float32 otherwise."""
+    if isinstance(space, gym.spaces.Discrete):
+        return (num_envs,), integer_dtype
+    return (num_envs, *space.shape), torch.float32
+
+
 def step_info(final_obs: Any, done: Tensor, episode_return: Any, episode_length: Tensor) -> dict[str, Any]:
     """The ``info`` a step returns under the contract: the true next observation of every row, the mask
     ``terminated | truncated`` of the rows it is the last one of, and the episode statistics (valid
@@ -268,12 +278,9 @@ class BatchedVecEnv(BatchedBookkeeping, VecEnv):
         self._start_bookkeeping(max_episode_steps)
         self.block_generators: list[torch.Generator] | None = None
         """One generator per block of rows after ``reset(seed=[...])``; None: ``generator`` for all."""
-        if isinstance(single_action_space, gym.spaces.Discrete):
-            self._action_shape: tuple[int, ...] = (self.num_envs,)
-            self._action_dtype = torch.int64
-        else:
-            self._action_shape = (self.num_envs, *single_action_space.shape)
-            self._action_dtype = torch.float32
+        self._action_shape, self._action_dtype = action_layout(
+            single_action_space, self.num_envs, torch.int64
+        )
 
     # -- to implement ----------------------------------------------------------------------------
     def _reset_rows(self, mask: Tensor) -> None:

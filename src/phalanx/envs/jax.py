@@ -80,7 +80,7 @@ import gymnasium as gym  # noqa: E402 - the environment variable above must be s
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, step_info  # noqa: E402
+from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, action_layout, step_info  # noqa: E402
 from phalanx.errors import EnvError  # noqa: E402
 
 __all__ = ["BraxVecEnv", "GymnaxVecEnv", "JaxVecEnv", "jax_device", "split_keys"]
@@ -204,16 +204,14 @@ class JaxVecEnv(VecEnv):
         self.max_episode_steps = max_episode_steps
         self.jax_device = jax_device(self.device, name)
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
-        if isinstance(single_action_space, gym.spaces.Discrete):
-            self._action_shape: tuple[int, ...] = (self.num_envs,)
-            self._action_dtype = torch.int32  # JAX's default integer (64-bit integers need jax_enable_x64)
-        elif isinstance(single_action_space, gym.spaces.Box):
-            self._action_shape = (self.num_envs, *single_action_space.shape)
-            self._action_dtype = torch.float32
-        else:
+        if not isinstance(single_action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise EnvError(
                 f"{name}: action space {single_action_space} is not supported, expected Discrete or Box."
             )
+        # int32: JAX's default integer (64-bit integers need jax_enable_x64)
+        self._action_shape, self._action_dtype = action_layout(
+            single_action_space, self.num_envs, torch.int32
+        )
         self._key: Any = None  # the running PRNG key, None until the first reset
         self._state: Any = None  # the simulator state pytree, (num_envs, ...) leaves
         self._elapsed: Any = None  # (num_envs,) int32 steps since each row's reset

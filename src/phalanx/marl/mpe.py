@@ -191,6 +191,19 @@ class ParticleWorldEnv(BatchedMultiAgentEnv):
     def landmark_position(self) -> Tensor:
         return self.position[:, self.num_agents :]  # (N, L, 2)
 
+    def _own_view(self) -> Tensor:
+        """What every agent sees of the world, ``(N, A, 4 + 2 L + 2 (A - 1))`` in the physics dtype: its
+        velocity and position, the landmarks' and the other agents' positions relative to it."""
+        return torch.cat(
+            (
+                self.agent_velocity,  # (N, A, 2)
+                self.agent_position,  # (N, A, 2)
+                self._relative_landmarks(),  # (N, A, 2 L)
+                self._relative_others(),  # (N, A, 2 (A-1))
+            ),
+            dim=-1,
+        )
+
     def _relative_landmarks(self) -> Tensor:
         """Each landmark's position relative to each agent, flattened: ``(N, A, 2 L)``."""
         rel = self.landmark_position.unsqueeze(1) - self.agent_position.unsqueeze(2)  # (N, A, L, 2)
@@ -390,15 +403,7 @@ class SimpleSpread(ParticleWorldEnv):
         return {"agent": reward.to(torch.float32)}
 
     def _observe(self) -> Groups:
-        obs = torch.cat(
-            (
-                self.agent_velocity,  # (N, A, 2)
-                self.agent_position,  # (N, A, 2)
-                self._relative_landmarks(),  # (N, A, 2 L)
-                self._relative_others(),  # (N, A, 2 (A-1))
-            ),
-            dim=-1,
-        ).to(torch.float32)
+        obs = self._own_view().to(torch.float32)
         return {"agent": torch.cat((obs, self._comm), dim=-1)}  # (N, A, 6 N)
 
 
@@ -499,15 +504,7 @@ class SimpleTag(ParticleWorldEnv):
     def _observe(self) -> Groups:
         adv = self.num_adversaries
         n = self.num_envs
-        common = torch.cat(
-            (
-                self.agent_velocity,  # (N, A, 2)
-                self.agent_position,  # (N, A, 2)
-                self._relative_landmarks(),  # (N, A, 2 L)
-                self._relative_others(),  # (N, A, 2 (A-1))
-            ),
-            dim=-1,
-        )
+        common = self._own_view()
         good_velocity = self.agent_velocity[:, adv:]  # (N, G, 2)
         adversary_sees = good_velocity.flatten(1).unsqueeze(1).expand(n, adv, -1)  # (N, Adv, 2 G)
         good_sees = good_velocity[:, self._good_others].flatten(2)  # (N, G, 2 (G-1))
