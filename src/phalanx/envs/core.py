@@ -67,6 +67,17 @@ def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
     return None
 
 
+def supported_tensor_space(space: gym.Space, role: str, simulator: str, fix: str) -> gym.Space:
+    """:func:`tensor_space`, or an :class:`EnvError` saying that ``simulator`` has an unsupported ``role``
+    space (``fix``: what the user can do instead)."""
+    converted = tensor_space(space, role)
+    if converted is None:
+        raise EnvError(
+            f"{simulator} has {role} space {space}; phalanx supports Box and Discrete {role} spaces. {fix}"
+        )
+    return converted
+
+
 class VecEnv(gym.vector.VectorEnv):
     """Base class of every phalanx environment: a Gymnasium VectorEnv on torch tensors.
 

@@ -27,7 +27,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.envs.core import EpisodeStatistics, StatisticsCheckpoint, Tensor, VecEnv, step_info, tensor_space
+from phalanx.envs.core import (
+    EpisodeStatistics,
+    StatisticsCheckpoint,
+    Tensor,
+    VecEnv,
+    step_info,
+    supported_tensor_space,
+)
 from phalanx.errors import EnvError
 
 __all__ = ["EnvPoolVecEnv"]
@@ -194,18 +201,14 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
             pool.observation_space, pool.action_space  # noqa: B018 - builds the cached spaces
         return pool
 
-    def _unsupported(self, which: str, space: gym.Space) -> EnvError:
-        return EnvError(
-            f"EnvPool environment {self.env_id!r} has {which} space {space}; phalanx supports Box and "
-            f"Discrete {which} spaces. Use another task, or the Gymnasium version of this one through a "
-            "factory that flattens the space (gymnasium.wrappers.FlattenObservation) and GymnasiumVecEnv."
-        )
-
     def _convert_space(self, space: gym.Space, role: str) -> gym.Space:
-        converted = tensor_space(space, role)
-        if converted is None:
-            raise self._unsupported(role, space)
-        return converted
+        return supported_tensor_space(
+            space,
+            role,
+            f"EnvPool environment {self.env_id!r}",
+            "Use another task, or the Gymnasium version of this one through a factory that flattens the "
+            "space (gymnasium.wrappers.FlattenObservation) and GymnasiumVecEnv.",
+        )
 
     # -- conversions -------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> Tensor:
