@@ -167,10 +167,13 @@ class _Checker(CheckerBase):
             )
             ok = False
         for name, tail in dims.items():
-            if name in value:
-                shape = (self.n, self.groups[name].num_agents, *tail)
-                ok = self.check_tensor(f"{where}[{name!r}]", value[name], shape, dtype, True, name) and ok
-            else:
+            if name not in value:
+                ok = False
+                continue
+            shape = (self.n, self.groups[name].num_agents, *tail)
+            if not self.check_tensor(
+                f"{where}[{name!r}]", value[name], shape, dtype, finite=True, group=name
+            ):
                 ok = False
         return ok
 
