@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.algos import get_algorithm
+from phalanx import registry
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError, EnvError
@@ -34,7 +34,7 @@ class Agent:
         self.config = config
         self.device = torch.device(device)
         self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
-        self.algorithm = get_algorithm(config.algo)(
+        self.algorithm = registry.get_algorithm(config.algo)(
             config.hyperparameters, self.observation_space, self._normalized_action_space(), self.device
         )
         self.algorithm.load_state_dict(state["algorithm"])
@@ -140,8 +140,7 @@ def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torc
 
 
 def _agent(config: TrainConfig, state: dict[str, Any], device: str | torch.device) -> Any:
-    agent_class = get_algorithm(config.algo).agent_class or Agent
-    return agent_class(config, state, device)
+    return registry.agent_class(config.algo)(config, state, device)
 
 
 def evaluate(

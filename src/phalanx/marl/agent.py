@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from phalanx.algos import get_algorithm
 from phalanx.config import TrainConfig
 from phalanx.errors import EnvError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
+from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
 
 
@@ -108,5 +108,3 @@ class MultiAgentAgent:
             env.close()
         return self.config.env.replace(":", "_"), frames
 
-
-MultiAgentAlgorithm.agent_class = MultiAgentAgent
