@@ -18,15 +18,13 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
 
+from phalanx.config import import_user_module
 from phalanx.envs.core import VecEnv
 from phalanx.errors import EnvError
 
@@ -296,42 +294,6 @@ def make_env(
     if seed is not None:
         env.reset(seed=seed)
     return env
-
-
-def import_user_module(module_name: str, context: str) -> Any:
-    """Import the user's module ``module_name``, or raise an EnvError that starts with ``context``.
-
-    The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
-    the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
-    """
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        dotted = ".".join(Path(module_name).with_suffix("").parts)
-        raise EnvError(
-            f"{context}: {module_name!r} is a file path, expected a module name such as {dotted!r} (the "
-            "path from the current directory or the Python path, dots for slashes, without .py)."
-        )
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
-            raise EnvError(
-                f"{context}: module {module_name!r} not found (looked in the current "
-                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
-                "that contains it, or install the package that provides it."
-            ) from None
-        raise EnvError(
-            f"{context}: importing {module_name!r} failed because it imports "
-            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
-        ) from None
-    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
-        raise EnvError(
-            f"{context}: importing {module_name!r} raised {type(error).__name__}: {error}. "
-            "Fix the error in that module (run `python -c 'import "
-            f"{module_name}'` to see the traceback)."
-        ) from None
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
