@@ -141,7 +141,7 @@ class TrainConfig:
         # thousand steps. Every TrainConfig passes here (make_config, the CLI, YAML files, resume, the
         # Trainer's copy, population members), so no run escapes the cap.
         cap = os.environ.get("PHALANX_MAX_STEPS")
-        if cap and _is_int(self.total_steps):
+        if cap and is_int(self.total_steps):
             self.total_steps = min(self.total_steps, int(cap))
 
     def validate(self) -> None:
@@ -191,7 +191,7 @@ class TrainConfig:
     def _check_count(self, name: str, minimum: int, expected: str | None = None) -> None:
         """The field ``name`` is an integer >= ``minimum`` (``expected``: what the error says it must be)."""
         value = getattr(self, name)
-        check(_is_int(value) and value >= minimum, name, value, expected or f">= {minimum}")
+        check(is_int(value) and value >= minimum, name, value, expected or f">= {minimum}")
 
     def _check_seconds(self, name: str) -> None:
         value = getattr(self, name)
@@ -276,7 +276,8 @@ def check(condition: bool, name: str, value: Any, expected: str) -> None:
         )
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (a bool is not, though Python counts it as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
