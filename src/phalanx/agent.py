@@ -34,10 +34,8 @@ class Agent:
         self.config = config
         self.device = torch.device(device)
         self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
-        self.algorithm = registry.get_algorithm(config.algo)(
-            config.hyperparameters, self.observation_space, self._normalized_action_space(), self.device
-        )
-        self.algorithm.load_state_dict(state["algorithm"])
+        spaces = (self.observation_space, self._normalized_action_space())
+        self.algorithm = restore_algorithm(config, spaces, state, self.device)
         self.obs_statistics: RunningMeanStd | None = None
         if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
             self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
@@ -110,6 +108,13 @@ class Agent:
         if single:
             actions = actions[0]
         return actions.cpu().numpy() if is_numpy else actions
+
+
+def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:
+    """The run's algorithm, built for ``spaces`` on ``device``, with the checkpoint's weights."""
+    algorithm = registry.get_algorithm(config.algo)(config.hyperparameters, *spaces, device)
+    algorithm.load_state_dict(state["algorithm"])
+    return algorithm
 
 
 def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.agent import restore_algorithm
 from phalanx.config import TrainConfig
 from phalanx.errors import EnvError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
-from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
 
 
@@ -31,10 +31,7 @@ class MultiAgentAgent:
         self.config = config
         self.device = torch.device(device)
         self.spec = MultiAgentSpec.from_dict(state["spaces"])
-        self.algorithm: MultiAgentAlgorithm = get_algorithm(config.algo)(
-            config.hyperparameters, self.spec, self.device
-        )
-        self.algorithm.load_state_dict(state["algorithm"])
+        self.algorithm: MultiAgentAlgorithm = restore_algorithm(config, (self.spec,), state, self.device)
         self.steps = state["progress"]["steps"]
 
     @torch.no_grad()
@@ -107,4 +104,3 @@ class MultiAgentAgent:
         finally:
             env.close()
         return self.config.env.replace(":", "_"), frames
-
