@@ -491,7 +491,7 @@ def _load_long(
     codes, names_in_file = _ticker_codes(table.column(ticker_name), where, ticker_name)
     table = table.drop_columns([time_name, ticker_name])
     keep, wanted, times, codes = _select_rows(times, codes, names_in_file, tickers, start, end, where)
-    calendar, flat = _calendar(times, codes, wanted, where)
+    calendar, flat = _bar_cells(times, codes, wanted, where)
     num_bars, num_tickers = len(calendar), len(wanted)
 
     def grid(column_name: str, price: str | None) -> np.ndarray:
@@ -587,7 +587,7 @@ def _select_rows(
     return keep, wanted, times, codes
 
 
-def _calendar(
+def _bar_cells(
     times: np.ndarray, codes: np.ndarray, wanted: list[str], where: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """The common calendar (every distinct bar time, sorted) and each row's cell in the (T, S) grid;
