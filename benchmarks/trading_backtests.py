@@ -5,7 +5,7 @@
     python benchmarks/trading_backtests.py --json results.json --runs-dir runs/trading-study
 
 Each (algorithm, seed) trains with the shipped preset on 1990-2017 (only ``total_steps`` and
-``seed`` changed, one torch thread) and is backtested with ``phalanx.finance.backtest`` on
+``seed`` changed, one torch thread) and is backtested with ``phalanx.backtesting.backtest`` on
 2018-2022 from the best checkpoint (chosen by the in-sample evaluation during training, so the
 test period plays no part in the choice). Buy-and-hold and the index are the same for every run.
 The table reports all six metrics for every run and the mean over seeds, whatever they show.
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_json_option, write_json  # noqa: E402
 
-from phalanx.finance.backtesting import METRIC_LABELS, format_metric
+from phalanx.backtesting import METRIC_LABELS, format_metric
 from phalanx.finance.metrics import METRIC_NAMES
 
 
@@ -36,7 +36,7 @@ def load_average() -> list[float] | None:
 
 def run(algo: str, seed: int, steps: int, runs_dir: Path) -> dict:
     import phalanx
-    from phalanx.finance import backtest
+    from phalanx.backtesting import backtest
 
     run_dir = runs_dir / f"{algo}-s{seed}"
     config = phalanx.make_config(

@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 
 import phalanx
-from phalanx.finance import backtest
-from phalanx.finance.backtesting import BacktestResult
+from phalanx.backtesting import BacktestResult, backtest
 
 
 def main(argv: list[str] | None = None) -> BacktestResult:

@@ -16,6 +16,7 @@ from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
 from phalanx.marl.mappo import MAPPO, IPPOConfig, MAPPOConfig
 from phalanx.marl.mpe import SimpleSpread, SimpleTag
 from phalanx.marl.trainer import MultiAgentTrainer
+from phalanx.registry import get_algorithm
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.trainer import TrainingInterrupted
 
@@ -84,7 +85,7 @@ def test_mappo_explore_act_and_update_shapes(share, centralised):
 def test_mappo_critic_sees_the_global_state_and_ippo_the_observation():
     spec = MultiAgentSpec.of(SimpleSpread(num_envs=1))
     mappo = MAPPO(MAPPOConfig(), spec, torch.device("cpu"))
-    ippo = phalanx.algos.get_algorithm("ippo")(IPPOConfig(), spec, torch.device("cpu"))
+    ippo = get_algorithm("ippo")(IPPOConfig(), spec, torch.device("cpu"))
     first = lambda algorithm: next(algorithm.units[0].ppo.value.parameters())  # noqa: E731
     assert first(mappo).shape[1] == 54 + 3 and first(ippo).shape[1] == 18 + 3  # state or obs, + ids
 

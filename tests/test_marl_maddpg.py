@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.algos import get_algorithm
 from phalanx.algos.td3 import TD3Config
 from phalanx.errors import ConfigError
 from phalanx.marl.base import MultiAgentSpec
 from phalanx.marl.buffers import MultiAgentBatch
 from phalanx.marl.core import AgentGroup
 from phalanx.marl.maddpg import MADDPG, MATD3, MADDPGConfig, MATD3Config
+from phalanx.registry import get_algorithm
 
 ALGOS = [(MADDPG, MADDPGConfig), (MATD3, MATD3Config)]
 

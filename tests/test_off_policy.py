@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.algos import get_algorithm
 from phalanx.algos.ddpg import DDPG
 from phalanx.algos.dqn import DQN
 from phalanx.algos.sac import SAC
 from phalanx.errors import ConfigError
+from phalanx.registry import get_algorithm
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.trainer import Trainer
 

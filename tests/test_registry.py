@@ -12,7 +12,15 @@ from phalanx.envs.classic import CLASSIC_ENVS, CartPoleEnv
 from phalanx.envs.core import VecEnv
 from phalanx.envs.registry import list_envs, load_factory, make_env, register_env, unregister_env
 from phalanx.envs.workers import GymnasiumVecEnv
-from phalanx.errors import EnvError
+from phalanx.errors import ConfigError, EnvError
+from phalanx.registry import (
+    ALGORITHMS,
+    agent_class,
+    config_class,
+    get_algorithm,
+    learning_rule,
+    trainer_class,
+)
 
 
 @pytest.fixture
@@ -151,3 +159,21 @@ def test_load_factory(tmp_path, monkeypatch):
     with pytest.raises(EnvError, match="raised RuntimeError: bad module"):
         load_factory(f"{name}_broken:make")
     assert load_factory(f"{name}_ok:make")(num_envs=3, device="cpu") == 3
+
+
+# -- the algorithm table (phalanx.registry) -------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_row_names_classes_that_agree(name):
+    algorithm = get_algorithm(name)
+    assert algorithm.name == name and algorithm.config_class is config_class(name)
+    assert trainer_class(name).__name__ == ("MultiAgentTrainer" if algorithm.multi_agent else "Trainer")
+    assert agent_class(name).__name__ == ("MultiAgentAgent" if algorithm.multi_agent else "Agent")
+    assert learning_rule(name) is None or callable(learning_rule(name))
+
+
+def test_unknown_algorithm_names_the_closest_and_all():
+    with pytest.raises(
+        ConfigError, match=r"unknown algorithm 'ppo2'\. Did you mean ppo.*Available: a2c, d3qn"
+    ):
+        get_algorithm("ppo2")
+    assert get_algorithm("PPO") is get_algorithm("ppo")

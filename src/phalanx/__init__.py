@@ -6,7 +6,9 @@ result = phalanx.train(config)
 agent = phalanx.load_agent(result.run_dir)
 """
 
+import importlib
 import os
+from typing import Any
 
 # Before torch is first imported: idle OpenMP threads sleep instead of spinning. With torch's default
 # of one thread per core, spinning threads stall every small op whenever another process holds a core
@@ -14,39 +16,49 @@ import os
 # override; it has no effect if torch was imported before phalanx.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from phalanx import marl  # noqa: E402,I001 - registers the multi-agent algorithms; after train (it builds on it)
-from phalanx.agent import Agent, evaluate, load_agent
-from phalanx.algos.ppo import A2CConfig, PPOConfig
-from phalanx.config import TrainConfig, make_config
-from phalanx.envs.check import check_vec_env
-from phalanx.envs.core import BatchedVecEnv, VecEnv
-from phalanx.envs.registry import list_envs, make_env, register_env
-from phalanx.errors import CheckpointError, ConfigError, ContractError, EnvError, PhalanxError
-from phalanx.train.trainer import TrainResult, resume, train
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "A2CConfig",
-    "Agent",
-    "BatchedVecEnv",
-    "CheckpointError",
-    "ConfigError",
-    "ContractError",
-    "EnvError",
-    "PPOConfig",
-    "PhalanxError",
-    "TrainConfig",
-    "TrainResult",
-    "VecEnv",
-    "check_vec_env",
-    "evaluate",
-    "list_envs",
-    "marl",
-    "load_agent",
-    "make_config",
-    "make_env",
-    "register_env",
-    "resume",
-    "train",
-]
+# Each public name and the module that defines it, imported on first use: importing a lower layer
+# (``phalanx.envs``, ``phalanx.config``) does not import the learners and the runtime above it.
+_EXPORTS = {
+    "A2CConfig": "phalanx.algos.ppo",
+    "Agent": "phalanx.agent",
+    "BatchedVecEnv": "phalanx.envs.core",
+    "CheckpointError": "phalanx.errors",
+    "ConfigError": "phalanx.errors",
+    "ContractError": "phalanx.errors",
+    "EnvError": "phalanx.errors",
+    "PPOConfig": "phalanx.algos.ppo",
+    "PhalanxError": "phalanx.errors",
+    "TrainConfig": "phalanx.config",
+    "TrainResult": "phalanx.train.trainer",
+    "VecEnv": "phalanx.envs.core",
+    "check_vec_env": "phalanx.envs.check",
+    "evaluate": "phalanx.agent",
+    "list_envs": "phalanx.envs.registry",
+    "load_agent": "phalanx.agent",
+    "make_config": "phalanx.config",
+    "make_env": "phalanx.envs.registry",
+    "register_env": "phalanx.envs.registry",
+    "resume": "phalanx.train.trainer",
+    "train": "phalanx.train.trainer",
+}
+
+__all__ = sorted([*_EXPORTS, "marl"])
+
+# `phalanx.train` names the training function and the package phalanx/train/ alike. The package (its
+# __init__ is empty) is loaded now, so that no later import binds it over the function's name.
+importlib.import_module("phalanx.train")
+del globals()["train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "marl":
+        return importlib.import_module("phalanx.marl")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'phalanx' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

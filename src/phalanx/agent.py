@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.algos import get_algorithm
+from phalanx import registry
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError, EnvError
@@ -34,10 +34,8 @@ class Agent:
         self.config = config
         self.device = torch.device(device)
         self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
-        self.algorithm = get_algorithm(config.algo)(
-            config.hyperparameters, self.observation_space, self._normalized_action_space(), self.device
-        )
-        self.algorithm.load_state_dict(state["algorithm"])
+        spaces = (self.observation_space, self._normalized_action_space())
+        self.algorithm = restore_algorithm(config, spaces, state, self.device)
         self.obs_statistics: RunningMeanStd | None = None
         if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
             self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
@@ -112,6 +110,13 @@ class Agent:
         return actions.cpu().numpy() if is_numpy else actions
 
 
+def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:
+    """The run's algorithm, built for ``spaces`` on ``device``, with the checkpoint's weights."""
+    algorithm = registry.get_algorithm(config.algo)(config.hyperparameters, *spaces, device)
+    algorithm.load_state_dict(state["algorithm"])
+    return algorithm
+
+
 def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
     manager = CheckpointManager(run_dir)
     if checkpoint in ("best", "latest"):
@@ -140,8 +145,7 @@ def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torc
 
 
 def _agent(config: TrainConfig, state: dict[str, Any], device: str | torch.device) -> Any:
-    agent_class = get_algorithm(config.algo).agent_class or Agent
-    return agent_class(config, state, device)
+    return registry.agent_class(config.algo)(config, state, device)
 
 
 def evaluate(

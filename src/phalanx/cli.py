@@ -7,21 +7,43 @@ pair, then ``--config FILE``, then the flags; every flag is generated from the c
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import itertools
+import json
+import shutil
 import signal
 import sys
+import textwrap
 import typing
 from pathlib import Path
 from typing import Annotated, Any
 
+import tyro
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from phalanx import __version__
+from phalanx.agent import evaluate
+from phalanx.backtesting import METRIC_LABELS, STRATEGY_LABELS, backtest, format_metric
+from phalanx.config import TrainConfig, coerce, import_modules, load_yaml, make_config, presets, to_number
+from phalanx.envs.check import check_vec_env
+from phalanx.envs.registry import BACKENDS, list_envs, load_factory, make_env
 from phalanx.errors import PhalanxError
+from phalanx.files import write_text_atomic
+from phalanx.finance.metrics import METRIC_NAMES
+from phalanx.marl.registry import list_multi_agent_envs
+from phalanx.marl.trainer import MultiAgentEvaluation
+from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
+from phalanx.population.evolution import Mutation, PopulationConfig, Resources
+from phalanx.population.leaderboard import Leaderboard, format_score
+from phalanx.registry import algorithm_names, get_algorithm
+from phalanx.train.trainer import TrainingInterrupted, resume, train
+from phalanx.video import record_video, use_headless_rendering
 
 console = Console(stderr=True)
 
@@ -65,14 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        from phalanx import __version__
-
         print(f"phalanx {__version__}")
         return 0
     command = commands.get(argv[0])
     if command is None:
-        import difflib
-
         close = difflib.get_close_matches(argv[0], list(commands), n=1)
         hint = f" Did you mean `phalanx {close[0]}`?" if close else ""
         console.print(f"[bold red]error:[/] {escape(f'unknown command {argv[0]!r}.{hint}')}\n{escape(USAGE)}")
@@ -90,10 +108,6 @@ def main(argv: list[str] | None = None) -> int:
 # -- train ----------------------------------------------------------------------------------------
 def cli_config_class(algorithm: Any) -> type:
     """TrainConfig with the algorithm's own hyperparameter class, so tyro generates its flags."""
-    import tyro
-
-    from phalanx.config import TrainConfig
-
     return dataclasses.make_dataclass(
         f"{algorithm.config_class.__name__}Run",
         [
@@ -122,9 +136,6 @@ def cli_config_class(algorithm: Any) -> type:
 def number_rules() -> Any:
     """tyro rules that read an integer flag as the config files do: ``--total-steps 1e6`` or
     ``1_000_000`` is 1000000, ``1.5`` is refused (floats: Python's float() already reads 1e-3)."""
-    import tyro
-
-    from phalanx.config import to_number
 
     def read_int(text: str) -> int:
         number = to_number(int, text)
@@ -153,8 +164,6 @@ def gather_repeated(argv: list[str], cls: type) -> list[str]:
     """``--mutate A --mutate B`` -> ``--mutate A B``: the values of a list flag of ``cls`` (a tuple field,
     also in its nested dataclasses) given more than once accumulate, where tyro, like argparse, would
     keep only the last occurrence. One occurrence still replaces the default or the config file's list."""
-    from phalanx.config import to_number
-
     flags = _list_flags(cls)
     gathered: list[Any] = []
     values_of: dict[str, list[str]] = {}
@@ -210,11 +219,6 @@ def parse_train_args(
 ) -> Any:
     """``ALGO ENV [--config FILE] [flags]`` -> a validated TrainConfig (``settings``: a config's values
     that the flags override, e.g. the base of a population file)."""
-    import tyro
-
-    from phalanx.algos import get_algorithm
-    from phalanx.config import TrainConfig, import_modules, load_yaml, make_config
-
     positional = [a for a in argv[:2] if not a.startswith("-")]
     # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
     asking_help = len(positional) == 1 and any(a in ("-h", "--help") for a in argv)
@@ -260,9 +264,6 @@ def parse_train_args(
 
 def train_usage(prog: str) -> str:
     """How to call ``prog``, and the algorithms with the envs they have a preset for."""
-    from phalanx.algos import algorithm_names
-    from phalanx.config import presets
-
     lines = [
         wrapped(f"usage: {prog} ALGO ENV [flags], e.g. {prog} ppo CartPole-v1", "", "  "),
         wrapped(f"`{prog} ALGO ENV --help` lists the flags, `phalanx envs` the env ids.", "", "  "),
@@ -277,9 +278,6 @@ def train_usage(prog: str) -> str:
 def wrapped(text: str, first: str = "  ", indent: str = "    ") -> str:
     """``text`` after ``first``, wrapped to the terminal (80 columns at most) with every continuation line
     indented by ``indent``; words (env ids such as CartPole-v1) are never broken."""
-    import shutil
-    import textwrap
-
     width = max(min(shutil.get_terminal_size().columns, 80), 40)
     return textwrap.fill(
         text,
@@ -292,8 +290,6 @@ def wrapped(text: str, first: str = "  ", indent: str = "    ") -> str:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from phalanx.train.trainer import TrainingInterrupted, train
-
     if not argv or argv in (["-h"], ["--help"]):  # a listing, not an error
         print(train_usage("phalanx train"))
         return 0
@@ -337,10 +333,7 @@ def cmd_eval(argv: list[str]) -> int:
     if args.episodes < 1:
         raise PhalanxError(f"--episodes must be >= 1, got {args.episodes}.")
     if args.video:
-        from phalanx.video import use_headless_rendering
-
         use_headless_rendering()  # before the evaluation imports the simulator
-    from phalanx.agent import evaluate
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
     table = Table(title="deterministic evaluation", show_header=False)
@@ -348,7 +341,6 @@ def cmd_eval(argv: list[str]) -> int:
     table.add_row("return mean", f"{evaluation.mean:.3f}")
     table.add_row("return std", f"{evaluation.std:.3f}")
     table.add_row("length mean", f"{sum(evaluation.lengths) / len(evaluation.lengths):.1f}")
-    from phalanx.marl.trainer import MultiAgentEvaluation
 
     if isinstance(evaluation, MultiAgentEvaluation):  # the return above is the first team's
         for name, value in evaluation.teams.items():
@@ -361,8 +353,6 @@ def cmd_eval(argv: list[str]) -> int:
         f"run directory: {args.run_dir} (checkpoint: {args.checkpoint})", highlight=False, soft_wrap=True
     )
     if args.video:
-        from phalanx.video import record_video
-
         path = record_video(args.run_dir, args.checkpoint)
         console.print(f"video: {path}", highlight=False, soft_wrap=True)
     return 0
@@ -375,7 +365,6 @@ def cmd_resume(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
     args = parser.parse_args(argv)
-    from phalanx.train.trainer import TrainingInterrupted, resume
 
     try:
         result = resume(args.run_dir, args.total_steps)
@@ -399,9 +388,6 @@ def cmd_backtest(argv: list[str]) -> int:
     parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    from phalanx.finance.backtesting import METRIC_LABELS, STRATEGY_LABELS, backtest, format_metric
-    from phalanx.finance.metrics import METRIC_NAMES
-
     result = backtest(args.run_dir, args.start, args.end, checkpoint=args.checkpoint, device=args.device)
     table = Table(title=f"backtest of {args.run_dir}: {result.period[0]}..{result.period[1]}")
     table.add_column("metric")
@@ -421,9 +407,6 @@ def cmd_backtest(argv: list[str]) -> int:
 
 # -- envs / check-env ------------------------------------------------------------------------------
 def cmd_envs(argv: list[str]) -> int:
-    from phalanx.envs.registry import list_envs
-    from phalanx.marl.registry import list_multi_agent_envs
-
     envs = list_envs()
     lines = ["built-in batched envs (torch, any num_envs, CPU or CUDA):", wrapped(", ".join(envs["builtin"]))]
     if envs["registered"]:
@@ -473,10 +456,6 @@ def cmd_check_env(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path.cwd()))
-    from phalanx.config import import_modules
-    from phalanx.envs.check import check_vec_env
-    from phalanx.envs.registry import BACKENDS, load_factory, make_env
-
     import_modules(args.imports, "arguments")
     prefix, colon, _ = args.factory.partition(":")
     if not colon or prefix in ("gym", *BACKENDS):  # an env id, as `phalanx train` takes it
@@ -516,11 +495,6 @@ POPULATION_USAGE = """usage: phalanx population COMMAND ...
 def population_cli_class(data: dict[str, Any], where: str = "population config") -> type:
     """The population's own flags, from the PopulationConfig and Resources fields (each defined and
     documented once there); their defaults are the population file's values (``data``) if it has them."""
-    import tyro
-
-    from phalanx.config import coerce
-    from phalanx.population.evolution import PopulationConfig, Resources
-
     fields: list[tuple[str, Any, Any]] = []
     for source, values in ((PopulationConfig, data), (Resources, data.get("resources") or {})):
         types, docs = typing.get_type_hints(source), _field_docs(source)
@@ -543,8 +517,6 @@ def population_cli_class(data: dict[str, Any], where: str = "population config")
 
 def _field_docs(cls: type) -> dict[str, str]:
     """The docstrings under a dataclass's fields (the text the config modules document them with)."""
-    import ast
-
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
@@ -562,11 +534,6 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 def parse_population_args(argv: list[str]) -> Any:
     """``[POPULATION.yaml] [ALGO ENV] [flags]`` -> a validated PopulationConfig."""
-    import tyro
-
-    from phalanx.config import load_yaml
-    from phalanx.population.evolution import Mutation, PopulationConfig, Resources
-
     data: dict[str, Any] = {}
     where = "arguments"
     if argv and argv[0].endswith((".yaml", ".yml")):
@@ -618,9 +585,6 @@ def cmd_population(argv: list[str]) -> int:
         print(POPULATION_USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
-    from phalanx.population.leaderboard import Leaderboard, format_score
-
     say = lambda text: console.print(escape(text), highlight=False, soft_wrap=True)  # noqa: E731
     try:
         if command == "run":
@@ -662,11 +626,6 @@ def _one_directory(command: str, argv: list[str]) -> str:
 
 
 def _scale(argv: list[str]) -> int:
-    import json
-
-    from phalanx.files import write_text_atomic
-    from phalanx.population.leaderboard import Leaderboard
-
     parser = argparse.ArgumentParser(
         prog="phalanx population scale", description="Change how many members run at once, while it runs."
     )

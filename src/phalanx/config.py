@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable
@@ -24,8 +26,9 @@ from typing import Any
 
 import yaml
 
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, EnvError
 from phalanx.files import write_text_atomic
+from phalanx.registry import algorithm_names, canonical_name, config_class, get_algorithm
 
 
 @dataclass
@@ -138,15 +141,13 @@ class TrainConfig:
         # thousand steps. Every TrainConfig passes here (make_config, the CLI, YAML files, resume, the
         # Trainer's copy, population members), so no run escapes the cap.
         cap = os.environ.get("PHALANX_MAX_STEPS")
-        if cap and _is_int(self.total_steps):
+        if cap and is_int(self.total_steps):
             self.total_steps = min(self.total_steps, int(cap))
 
     def validate(self) -> None:
         """Check every field; raise ConfigError naming the field, the value and the fix."""
-        from phalanx.algos import algorithm_names, get_algorithm
-
         check(self.algo in algorithm_names(), "algo", self.algo, f"one of {algorithm_names()}")
-        expected = get_algorithm(self.algo).config_class
+        expected = config_class(self.algo)
         if type(self.hyperparameters) is not expected:
             raise ConfigError(
                 f"hyperparameters for algo {self.algo!r} must be a {expected.__name__}, got "
@@ -154,9 +155,51 @@ class TrainConfig:
                 f"phalanx.make_config({self.algo!r}, env) or pass {expected.__name__}(...)."
             )
         check(bool(self.env), "env", self.env, "an environment id such as 'CartPole-v1' (see `phalanx envs`)")
-        check(_is_int(self.num_envs) and self.num_envs >= 1, "num_envs", self.num_envs, "an integer >= 1")
-        check(_is_int(self.num_workers) and self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
-        if self.num_workers and _is_int(self.num_envs):
+        self._check_count("num_envs", 1, "an integer >= 1")
+        self._check_count("num_workers", 0)
+        self._check_workers()
+        self._check_count("worker_restarts", 0)
+        self._check_seconds("worker_timeout")
+        self._check_count(
+            "pipeline_queue",
+            1,
+            "an integer >= 1: the worker needs room for at least one step ahead of the learner",
+        )
+        self._check_count("sync_every", 1, "an integer >= 1 (updates between weight copies to the worker)")
+        self._check_count("num_learners", 1, "an integer >= 1 (1: one learner in this process)")
+        self._check_seconds("learner_timeout")
+        if self.num_learners > 1 and self.pipeline and (self.normalize_obs or self.normalize_reward):
+            raise ConfigError(
+                "pipeline with num_learners > 1 cannot normalise observations or rewards: the learners "
+                "merge their running statistics at every step, while a pipeline's worker thread updates "
+                "them between steps. Drop --normalize-obs / --normalize-reward, --pipeline, or use "
+                "--learners 1."
+            )
+        if get_algorithm(self.algo).multi_agent:
+            self._check_multi_agent()
+        self._check_count("total_steps", 1)
+        self._check_count("seed", 0, "a non-negative integer")
+        self._check_count("eval_every", 0)
+        self._check_count("eval_episodes", 1)
+        self._check_count("eval_batch", 1)
+        self._check_count("checkpoint_every", 0)
+        self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
+        self._check_count("log_every", 1)
+        self._check_count("torch_threads", 0)
+        self.hyperparameters.validate(self)
+
+    def _check_count(self, name: str, minimum: int, expected: str | None = None) -> None:
+        """The field ``name`` is an integer >= ``minimum`` (``expected``: what the error says it must be)."""
+        value = getattr(self, name)
+        check(is_int(value) and value >= minimum, name, value, expected or f">= {minimum}")
+
+    def _check_seconds(self, name: str) -> None:
+        value = getattr(self, name)
+        check(isinstance(value, (int, float)) and value > 0, name, value, "a number of seconds > 0")
+
+    def _check_workers(self) -> None:
+        """num_envs splits evenly over the worker processes (and into two halves each with overlap)."""
+        if self.num_workers:
             multiple = max(self.num_workers, self.num_envs // self.num_workers * self.num_workers)
             check(
                 self.num_envs % self.num_workers == 0,
@@ -166,9 +209,9 @@ class TrainConfig:
                 f"of sub-envs (e.g. {multiple})",
             )
         if self.overlap:
-            halves = 2 * max(1, self.num_workers if _is_int(self.num_workers) else 1)
+            halves = 2 * max(1, self.num_workers)
             check(
-                _is_int(self.num_workers) and self.num_workers >= 1,
+                self.num_workers >= 1,
                 "num_workers",
                 self.num_workers,
                 ">= 1 with overlap: the halves step in worker processes while the policy computes "
@@ -181,81 +224,6 @@ class TrainConfig:
                 f"an even multiple of num_workers={self.num_workers} with overlap, so that every worker "
                 f"steps two equal halves (e.g. {halves * max(1, self.num_envs // halves)})",
             )
-        check(
-            _is_int(self.worker_restarts) and self.worker_restarts >= 0,
-            "worker_restarts",
-            self.worker_restarts,
-            ">= 0",
-        )
-        check(
-            isinstance(self.worker_timeout, (int, float)) and self.worker_timeout > 0,
-            "worker_timeout",
-            self.worker_timeout,
-            "a number of seconds > 0",
-        )
-        check(
-            _is_int(self.pipeline_queue) and self.pipeline_queue >= 1,
-            "pipeline_queue",
-            self.pipeline_queue,
-            "an integer >= 1: the worker needs room for at least one step ahead of the learner",
-        )
-        check(
-            _is_int(self.sync_every) and self.sync_every >= 1,
-            "sync_every",
-            self.sync_every,
-            "an integer >= 1 (updates between weight copies to the worker)",
-        )
-        check(
-            _is_int(self.num_learners) and self.num_learners >= 1,
-            "num_learners",
-            self.num_learners,
-            "an integer >= 1 (1: one learner in this process)",
-        )
-        check(
-            isinstance(self.learner_timeout, (int, float)) and self.learner_timeout > 0,
-            "learner_timeout",
-            self.learner_timeout,
-            "a number of seconds > 0",
-        )
-        if self.num_learners > 1 and self.pipeline and (self.normalize_obs or self.normalize_reward):
-            raise ConfigError(
-                "pipeline with num_learners > 1 cannot normalise observations or rewards: the learners "
-                "merge their running statistics at every step, while a pipeline's worker thread updates "
-                "them between steps. Drop --normalize-obs / --normalize-reward, --pipeline, or use "
-                "--learners 1."
-            )
-        if get_algorithm(self.algo).multi_agent:
-            self._check_multi_agent()
-        check(_is_int(self.total_steps) and self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
-        check(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "a non-negative integer")
-        check(_is_int(self.eval_every) and self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
-        check(
-            _is_int(self.eval_episodes) and self.eval_episodes >= 1,
-            "eval_episodes",
-            self.eval_episodes,
-            ">= 1",
-        )
-        check(_is_int(self.eval_batch) and self.eval_batch >= 1, "eval_batch", self.eval_batch, ">= 1")
-        check(
-            _is_int(self.checkpoint_every) and self.checkpoint_every >= 0,
-            "checkpoint_every",
-            self.checkpoint_every,
-            ">= 0",
-        )
-        check(
-            _is_int(self.keep_checkpoints) and self.keep_checkpoints >= 1,
-            "keep_checkpoints",
-            self.keep_checkpoints,
-            ">= 1 (the latest checkpoint is needed to resume)",
-        )
-        check(_is_int(self.log_every) and self.log_every >= 1, "log_every", self.log_every, ">= 1")
-        check(
-            _is_int(self.torch_threads) and self.torch_threads >= 0,
-            "torch_threads",
-            self.torch_threads,
-            ">= 0",
-        )
-        self.hyperparameters.validate(self)
 
     def _check_multi_agent(self) -> None:
         """The run settings a multi-agent algorithm does not take (yet), each refused by name."""
@@ -308,7 +276,8 @@ def check(condition: bool, name: str, value: Any, expected: str) -> None:
         )
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (a bool is not, though Python counts it as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -429,11 +398,45 @@ def parse_scalar(text: str) -> Any:
         return text
 
 
+def import_user_module(module_name: str, context: str) -> Any:
+    """Import the user's module ``module_name``, or raise an EnvError that starts with ``context``.
+
+    The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
+    the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
+    """
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = ".".join(Path(module_name).with_suffix("").parts)
+        raise EnvError(
+            f"{context}: {module_name!r} is a file path, expected a module name such as {dotted!r} (the "
+            "path from the current directory or the Python path, dots for slashes, without .py)."
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
+            raise EnvError(
+                f"{context}: module {module_name!r} not found (looked in the current "
+                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
+                "that contains it, or install the package that provides it."
+            ) from None
+        raise EnvError(
+            f"{context}: importing {module_name!r} failed because it imports "
+            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
+        raise EnvError(
+            f"{context}: importing {module_name!r} raised {type(error).__name__}: {error}. "
+            "Fix the error in that module (run `python -c 'import "
+            f"{module_name}'` to see the traceback)."
+        ) from None
+
+
 def import_modules(modules: Iterable[str], where: str) -> None:
     """Import the modules a config names in ``imports`` (those that register its env ids), with the
     current directory on the Python path; an error names the module and ``where`` it was asked for."""
-    from phalanx.envs.registry import import_user_module
-
     for module in modules:
         import_user_module(module, f"{where}: imports")
 
@@ -454,16 +457,15 @@ def make_config(
     Overrides may name any TrainConfig field or any hyperparameter of the algorithm, flat
     (``learning_rate=1e-3``) or nested (``hyperparameters={"learning_rate": 1e-3}``).
     """
-    from phalanx.algos import get_algorithm
-
-    algorithm = get_algorithm(algo)
+    name = canonical_name(algo)
+    hyperparameter_class = config_class(name)
     merged: dict[str, Any] = {}
     if use_preset:
-        merged = _merge(merged, presets(algorithm.name).get(env, {}))
+        merged = _merge(merged, presets(name).get(env, {}))
     merged = _merge(merged, dict(overrides))
 
     run_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"algo", "env", "hyperparameters"}
-    hp_fields = {f.name for f in dataclasses.fields(algorithm.config_class)}
+    hp_fields = {f.name for f in dataclasses.fields(hyperparameter_class)}
     run_values: dict[str, Any] = {}
     hp_values: dict[str, Any] = dict(merged.pop("hyperparameters", None) or {})
     for key, value in merged.items():
@@ -472,16 +474,16 @@ def make_config(
         elif key in hp_fields:
             hp_values[key] = value
         else:
-            _unknown_key(key, run_fields | hp_fields, algorithm.name, where)
+            _unknown_key(key, run_fields | hp_fields, name, where)
     for key in hp_values:
         if key not in hp_fields:
-            _unknown_key(key, hp_fields, algorithm.name, where)
-    hyperparameters = algorithm.config_class(
-        **{k: coerce(algorithm.config_class, k, v, where) for k, v in hp_values.items()}
+            _unknown_key(key, hp_fields, name, where)
+    hyperparameters = hyperparameter_class(
+        **{k: coerce(hyperparameter_class, k, v, where) for k, v in hp_values.items()}
     )
     run_values = {k: coerce(TrainConfig, k, v, where) for k, v in run_values.items()}
     import_modules(run_values.get("imports", ()), where)
-    return TrainConfig(algo=algorithm.name, env=env, hyperparameters=hyperparameters, **run_values)
+    return TrainConfig(algo=name, env=env, hyperparameters=hyperparameters, **run_values)
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

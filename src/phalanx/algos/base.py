@@ -53,10 +53,6 @@ class Algorithm:
     action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
     multi_agent: ClassVar[bool] = False
     """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
-    trainer_class: ClassVar[type | None] = None
-    """The Trainer subclass that runs it (None: ``phalanx.train.trainer.Trainer``)."""
-    agent_class: ClassVar[type | None] = None
-    """The deployed agent class ``phalanx.load_agent`` gives for its runs (None: ``phalanx.agent.Agent``)."""
 
     def __init__(
         self,

@@ -18,17 +18,20 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
 
+from phalanx.config import import_user_module
+from phalanx.envs.classic import CLASSIC_ENVS
 from phalanx.envs.core import VecEnv
+from phalanx.envs.gymnasium_ids import gymnasium_extra, gymnasium_unavailable
+from phalanx.envs.trading import StockTradingVecEnv
+from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 from phalanx.errors import EnvError
+from phalanx.registry import resolve
 
 __all__ = ["list_envs", "load_factory", "make_env", "register_env"]
 
@@ -47,9 +50,6 @@ BACKENDS: dict[str, tuple[str, str]] = {
 
 
 def _builtin() -> dict[str, VecEnvFactory]:
-    from phalanx.envs.classic import CLASSIC_ENVS  # lazy: keeps `import phalanx.envs` light
-    from phalanx.envs.trading import StockTradingVecEnv  # its data loading imports pandas lazily
-
     return {**CLASSIC_ENVS, "StockTrading-v0": StockTradingVecEnv}
 
 
@@ -104,61 +104,6 @@ def list_envs() -> dict[str, Any]:
     }
 
 
-GYMNASIUM_EXTRAS = {
-    "gymnasium.envs.box2d": ("Box2D", "box2d"),
-    "gymnasium.envs.mujoco": ("mujoco", "mujoco"),
-    "gymnasium.envs.phys2d": ("jax", "jax"),
-    "gymnasium.envs.tabular": ("jax", "jax"),
-}
-"""Gymnasium's optional simulators: entry point module -> (the package it imports, the phalanx extra)."""
-
-
-def gymnasium_extra(env_id: str) -> str | None:
-    """The phalanx extra that installs the simulator of Gymnasium's ``env_id``, if it is not installed
-    here (None: nothing is missing, or the id is not one of Gymnasium's optional simulators)."""
-    spec = gym.envs.registry.get(env_id)
-    entry_point = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
-    for prefix, (package, extra) in GYMNASIUM_EXTRAS.items():
-        if entry_point.startswith(prefix + ".") and importlib.util.find_spec(package) is None:
-            return extra
-    return None
-
-
-def gymnasium_unavailable(env_id: str) -> str | None:
-    """Why Gymnasium's ``env_id`` cannot run in phalanx, whatever is installed (None: it can, perhaps
-    after installing an extra): ids Gymnasium keeps only to say where they went (their entry point
-    raises), and entry points whose package is not installed."""
-    spec = gym.envs.registry.get(env_id)
-    if spec is None:
-        return None
-    entry_point = spec.entry_point
-    if callable(entry_point):
-        name = getattr(entry_point, "__name__", "")
-        if name == "_raise_mujoco_py_error":
-            current = f"{env_id.rpartition('-v')[0]}-v5"
-            instead = f"'{current}'" if current in gym.envs.registry else "the v5 version of the id"
-            extra = gymnasium_extra(current)
-            install = f", after `pip install 'phalanx[{extra}]'`" if extra else ""
-            return (
-                "Gymnasium's MuJoCo v2 and v3 environments need mujoco-py, which phalanx does not support. "
-                f"Use {instead} (the same task on the mujoco package{install})"
-            )
-        if name == "_raise_shimmy_error":
-            return (
-                "it is Gymnasium's compatibility wrapper for environments of the old gym API (through "
-                "shimmy), not an environment. Port the environment to the Gymnasium API, or build it with "
-                "shimmy in a factory of yours and register that with phalanx.envs.register_env"
-            )
-        return None
-    package = entry_point.partition(":")[0].partition(".")[0]  # found without importing anything
-    if importlib.util.find_spec(package) is not None:
-        return None  # (Gymnasium's optional simulators: gymnasium_extra says what they need)
-    return (
-        f"its entry point {entry_point!r} cannot be imported: the package {package!r} is not installed. "
-        "Install the package that provides it"
-    )
-
-
 def _suggest(env_id: str) -> str:
     names: dict[str, str] = {}
     envs = list_envs()
@@ -170,8 +115,9 @@ def _suggest(env_id: str) -> str:
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
-ELSEWHERE_HINTS: list[Callable[[str], str]] = []
-"""Functions that say where an unknown id lives (``phalanx.marl`` adds one for multi-agent ids)."""
+ELSEWHERE_HINTS = ("phalanx.marl.registry:single_agent_hint",)
+"""Functions ``hint(env_id) -> str`` that say where an unknown id lives (a multi-agent id), named as
+``"module:attribute"`` and imported only when an id is unknown (they sit in the layers above)."""
 
 # Gymnasium namespaces whose ids a separate package registers: namespace -> how to get them.
 _NAMESPACES = {"ALE": "The Atari ids come with ale-py: `pip install ale-py`, then `import ale_py` first"}
@@ -181,7 +127,7 @@ def _elsewhere(env_id: str) -> str:
     """Where an id unknown to Gymnasium can be found: a namespace's package, or EnvPool if installed."""
     namespace, _, name = env_id.removeprefix(_GYM_PREFIX).rpartition("/")
     hints = [f" {_NAMESPACES[namespace]}."] if namespace in _NAMESPACES else []
-    hints += [hint(env_id) for hint in ELSEWHERE_HINTS]
+    hints += [resolve(hint)(env_id) for hint in ELSEWHERE_HINTS]
     if importlib.util.find_spec("envpool") is not None:
         import envpool
 
@@ -224,16 +170,23 @@ def _call_factory(env_id: str, factory: VecEnvFactory, num_envs: int, device: An
     return env
 
 
+def import_simulator(module_name: str, missing: str) -> Any:
+    """Import the module of an optional simulator; if a package it needs is not installed, raise an
+    EnvError with ``missing`` formatted with ``package`` (the name of that package)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise EnvError(missing.format(package=error.name)) from None
+
+
 def _backend_class(env_id: str, backend: str) -> Callable[..., VecEnv]:
     target, extra = BACKENDS[backend]
     module_name, _, attribute = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise EnvError(
-            f"make_env({env_id!r}): the {backend!r} backend needs the package {error.name!r}, which is not "
-            f"installed. Install it with `pip install 'phalanx[{extra}]'`."
-        ) from None
+    module = import_simulator(
+        module_name,
+        f"make_env({env_id!r}): the {backend!r} backend needs the package {{package!r}}, which is not "
+        f"installed. Install it with `pip install 'phalanx[{extra}]'`.",
+    )
     return getattr(module, attribute)
 
 
@@ -255,8 +208,6 @@ def make_env(
     """
     if not isinstance(env_id, str) or not env_id:
         raise EnvError(f"make_env: env_id must be a non-empty string such as 'CartPole-v1', got {env_id!r}.")
-    from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
-
     backend, sep, backend_id = env_id.partition(":")
     gym_id = env_id.removeprefix(_GYM_PREFIX)
     is_gym = env_id.startswith(_GYM_PREFIX) or (
@@ -296,42 +247,6 @@ def make_env(
     if seed is not None:
         env.reset(seed=seed)
     return env
-
-
-def import_user_module(module_name: str, context: str) -> Any:
-    """Import the user's module ``module_name``, or raise an EnvError that starts with ``context``.
-
-    The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
-    the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
-    """
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        dotted = ".".join(Path(module_name).with_suffix("").parts)
-        raise EnvError(
-            f"{context}: {module_name!r} is a file path, expected a module name such as {dotted!r} (the "
-            "path from the current directory or the Python path, dots for slashes, without .py)."
-        )
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
-            raise EnvError(
-                f"{context}: module {module_name!r} not found (looked in the current "
-                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
-                "that contains it, or install the package that provides it."
-            ) from None
-        raise EnvError(
-            f"{context}: importing {module_name!r} failed because it imports "
-            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
-        ) from None
-    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
-        raise EnvError(
-            f"{context}: importing {module_name!r} raised {type(error).__name__}: {error}. "
-            "Fix the error in that module (run `python -c 'import "
-            f"{module_name}'` to see the traceback)."
-        ) from None
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

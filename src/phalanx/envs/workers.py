@@ -30,7 +30,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
-from phalanx.envs.registry import GYMNASIUM_EXTRAS, gymnasium_unavailable
+from phalanx.envs.gymnasium_ids import GYMNASIUM_EXTRAS, gymnasium_unavailable
 from phalanx.errors import EnvError
 
 __all__ = ["GymnasiumVecEnv", "ProcessVecEnv", "make_gym_env"]

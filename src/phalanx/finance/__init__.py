@@ -1,4 +1,4 @@
-"""Finance: market data, a batched multi-stock trading env, performance metrics and backtests.
+"""Finance: market data, technical indicators and performance metrics (below ``phalanx.envs``).
 
 Needs the ``finance`` extra (pandas, pyarrow): ``pip install 'phalanx[finance]'``. Names are imported
 lazily so that ``import phalanx.finance`` stays light.
@@ -7,10 +7,10 @@ lazily so that ``import phalanx.finance`` stays light.
   :func:`load_sp500_index` (the vendored skfolio data set, BSD-3), :func:`synthetic_market`;
 - :mod:`phalanx.finance.indicators`: technical indicators as batched torch operations;
 - :mod:`phalanx.finance.metrics`: cumulative and annualised return, Sharpe ratio, volatility, maximum
-  drawdown, Calmar ratio (pure functions of an equity curve);
-- :func:`backtest`: run a trained agent out of sample against equal-weight buy-and-hold and the index.
+  drawdown, Calmar ratio (pure functions of an equity curve).
 
-The environment itself is :class:`phalanx.envs.trading.StockTradingVecEnv` (id ``StockTrading-v0``).
+The environment built on them is :class:`phalanx.envs.trading.StockTradingVecEnv` (id
+``StockTrading-v0``); :func:`phalanx.backtesting.backtest` runs a trained agent on it out of sample.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ _EXPORTS = {
     "SP500_PATH": "phalanx.finance.data",
     "SP500_INDEX_PATH": "phalanx.finance.data",
     "performance_summary": "phalanx.finance.metrics",
-    "BacktestResult": "phalanx.finance.backtesting",
-    "backtest": "phalanx.finance.backtesting",
-    "StockTradingVecEnv": "phalanx.envs.trading",
 }
 
 __all__ = sorted(_EXPORTS)

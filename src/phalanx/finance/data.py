@@ -476,9 +476,6 @@ def _load_long(
 ) -> MarketData:
     """Long rows -> (T, S) arrays. ``holder`` hands over the only reference to the arrow table, so that
     each column's buffers are freed as soon as it has been scattered (peak memory ~ table + grids)."""
-    pa = _arrow()
-    import pyarrow.compute as pc
-
     table = holder.pop()
     close_name = _find(names, CLOSE_COLUMNS)
     if close_name is None:
@@ -491,63 +488,11 @@ def _load_long(
     volume_name = _find(names, ("volume", "vol"))
 
     times = _times_ns(table.column(time_name), where, time_name)
-    column = table.column(ticker_name)
-    if column.null_count:
-        row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
-        raise DataError(
-            f"{where}: column {ticker_name!r} is empty in row {row + 1}. Every row needs a ticker."
-        )
-    if not pa.types.is_dictionary(column.type):  # categorical tickers: one small code per row
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            column = pc.cast(column, pa.string())
-        column = pc.dictionary_encode(column)
-    column = pa.table({"ticker": column}).unify_dictionaries().column("ticker")
-    dictionary = column.chunk(0).dictionary if column.num_chunks else pa.array([], pa.string())
-    codes = np.concatenate(
-        [chunk.indices.to_numpy(zero_copy_only=False) for chunk in column.chunks] or [np.zeros(0)]
-    ).astype(np.int32, copy=False)
-    del column
+    codes, names_in_file = _ticker_codes(table.column(ticker_name), where, ticker_name)
     table = table.drop_columns([time_name, ticker_name])
-    names_in_file = [str(t) for t in dictionary.to_pylist()]
-    counts = np.bincount(codes, minlength=len(names_in_file))
-    available = [t for t, c in zip(names_in_file, counts, strict=True) if c > 0]
-
-    keep = _window(times, start, end, where)
-    wanted = available if tickers is None else _check_tickers(tickers, available, where)
-    remap = np.full(len(names_in_file), -1, dtype=np.int32)
-    for new, ticker in enumerate(wanted):
-        remap[names_in_file.index(ticker)] = new
-    codes = remap[codes]
-    if tickers is not None:
-        keep = codes >= 0 if keep is None else keep & (codes >= 0)
-    if keep is not None:
-        times, codes = times[keep], codes[keep]
-    present = np.bincount(codes, minlength=len(wanted))
-    if (present == 0).any():
-        absent = [t for t, c in zip(wanted, present, strict=True) if c == 0]
-        raise DataError(
-            f"{where}: no prices for {', '.join(absent)} between {start or 'the start'} and "
-            f"{end or 'the end'}. Choose other tickers or dates."
-        )
-
-    # The common calendar: every distinct bar time, sorted; each row's cell in the (T, S) grid.
-    pd = _pandas()
-    flat, calendar = pd.factorize(times, sort=True)  # flat: bar index per row, int64
-    calendar = np.asarray(calendar, dtype=np.int64)
+    keep, wanted, times, codes = _select_rows(times, codes, names_in_file, tickers, start, end, where)
+    calendar, flat = _bar_cells(times, codes, wanted, where)
     num_bars, num_tickers = len(calendar), len(wanted)
-    flat *= num_tickers
-    flat += codes
-    seen = np.zeros(num_bars * num_tickers, dtype=bool)
-    seen[flat] = True
-    if int(seen.sum()) != len(flat):
-        unique, count = np.unique(flat, return_counts=True)
-        cell = int(unique[np.argmax(count > 1)])
-        raise DataError(
-            f"{where}: {len(flat) - len(unique)} duplicate bar(s); e.g. {wanted[cell % num_tickers]} on "
-            f"{_format_ns(calendar[cell // num_tickers])} appears {int(count.max())} times. Keep one row per "
-            "ticker and bar time."
-        )
-    del seen
 
     def grid(column_name: str, price: str | None) -> np.ndarray:
         """Extract one column, check it, scatter it into a (T, S) float32 grid, free the column."""
@@ -587,6 +532,82 @@ def _load_long(
         source=where,
         close_only=close_only,
     )
+
+
+def _ticker_codes(column: Any, where: str, name: str) -> tuple[np.ndarray, list[str]]:
+    """The ticker column as one small integer code per row, and the ticker of each code."""
+    pa = _arrow()
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{where}: column {name!r} is empty in row {row + 1}. Every row needs a ticker.")
+    if not pa.types.is_dictionary(column.type):  # categorical tickers: one small code per row
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            column = pc.cast(column, pa.string())
+        column = pc.dictionary_encode(column)
+    column = pa.table({"ticker": column}).unify_dictionaries().column("ticker")
+    dictionary = column.chunk(0).dictionary if column.num_chunks else pa.array([], pa.string())
+    codes = np.concatenate(
+        [chunk.indices.to_numpy(zero_copy_only=False) for chunk in column.chunks] or [np.zeros(0)]
+    ).astype(np.int32, copy=False)
+    return codes, [str(t) for t in dictionary.to_pylist()]
+
+
+def _select_rows(
+    times: np.ndarray,
+    codes: np.ndarray,
+    names_in_file: list[str],
+    tickers: list[str] | None,
+    start: Any,
+    end: Any,
+    where: str,
+) -> tuple[np.ndarray | None, list[str], np.ndarray, np.ndarray]:
+    """The rows of the wanted tickers within start..end: ``(keep, wanted, times, codes)``, ``keep`` the
+    row mask (None: every row), codes renumbered in the order of ``wanted``."""
+    counts = np.bincount(codes, minlength=len(names_in_file))
+    available = [t for t, c in zip(names_in_file, counts, strict=True) if c > 0]
+    keep = _window(times, start, end, where)
+    wanted = available if tickers is None else _check_tickers(tickers, available, where)
+    remap = np.full(len(names_in_file), -1, dtype=np.int32)
+    for new, ticker in enumerate(wanted):
+        remap[names_in_file.index(ticker)] = new
+    codes = remap[codes]
+    if tickers is not None:
+        keep = codes >= 0 if keep is None else keep & (codes >= 0)
+    if keep is not None:
+        times, codes = times[keep], codes[keep]
+    present = np.bincount(codes, minlength=len(wanted))
+    if (present == 0).any():
+        absent = [t for t, c in zip(wanted, present, strict=True) if c == 0]
+        raise DataError(
+            f"{where}: no prices for {', '.join(absent)} between {start or 'the start'} and "
+            f"{end or 'the end'}. Choose other tickers or dates."
+        )
+    return keep, wanted, times, codes
+
+
+def _bar_cells(
+    times: np.ndarray, codes: np.ndarray, wanted: list[str], where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The common calendar (every distinct bar time, sorted) and each row's cell in the (T, S) grid;
+    DataError on a ticker with two rows at one bar time."""
+    flat, calendar = _pandas().factorize(times, sort=True)  # flat: bar index per row, int64
+    calendar = np.asarray(calendar, dtype=np.int64)
+    num_bars, num_tickers = len(calendar), len(wanted)
+    flat *= num_tickers
+    flat += codes
+    seen = np.zeros(num_bars * num_tickers, dtype=bool)
+    seen[flat] = True
+    if int(seen.sum()) != len(flat):
+        unique, count = np.unique(flat, return_counts=True)
+        cell = int(unique[np.argmax(count > 1)])
+        raise DataError(
+            f"{where}: {len(flat) - len(unique)} duplicate bar(s); e.g. {wanted[cell % num_tickers]} on "
+            f"{_format_ns(calendar[cell // num_tickers])} appears {int(count.max())} times. Keep one row per "
+            "ticker and bar time."
+        )
+    return calendar, flat
 
 
 def _load_wide(

@@ -1,7 +1,8 @@
 """Multi-agent DRL: batched multi-agent envs, adapters, and multi-agent algorithms.
 
-Importing this package registers the multi-agent algorithms (mappo, ippo, qmix, vdn, maddpg, matd3)
-with ``phalanx.algos``, so that configs, presets and the CLI know them (``phalanx`` imports it).
+The multi-agent algorithms (mappo, ippo, qmix, vdn, maddpg, matd3) are rows of ``phalanx.registry``
+like the others; their modules sit in the layers of what they are (envs: core, mpe, adapters,
+registry; algorithms: base, mappo, qmix, maddpg; runtime: trainer; applications: agent).
 """
 
 from phalanx.marl import maddpg, mappo, qmix

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from phalanx.algos import get_algorithm
+from phalanx.agent import restore_algorithm
 from phalanx.config import TrainConfig
 from phalanx.errors import EnvError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
@@ -31,10 +31,7 @@ class MultiAgentAgent:
         self.config = config
         self.device = torch.device(device)
         self.spec = MultiAgentSpec.from_dict(state["spaces"])
-        self.algorithm: MultiAgentAlgorithm = get_algorithm(config.algo)(
-            config.hyperparameters, self.spec, self.device
-        )
-        self.algorithm.load_state_dict(state["algorithm"])
+        self.algorithm: MultiAgentAlgorithm = restore_algorithm(config, (self.spec,), state, self.device)
         self.steps = state["progress"]["steps"]
 
     @torch.no_grad()
@@ -107,6 +104,3 @@ class MultiAgentAgent:
         finally:
             env.close()
         return self.config.env.replace(":", "_"), frames
-
-
-MultiAgentAlgorithm.agent_class = MultiAgentAgent

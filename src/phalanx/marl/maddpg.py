@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx.algos import register_algorithm
 from phalanx.algos.base import PolyakPair
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
@@ -105,7 +104,6 @@ class GroupNets(nn.Module):
         return out.view(self.num_nets, agents, batch, -1).transpose(1, 2)  # (K, B, A, out)
 
 
-@register_algorithm
 class MADDPG(MultiAgentAlgorithm):
     """Deterministic tanh actors per group, critics on the global state and every agent's action."""
 
@@ -263,7 +261,6 @@ class MADDPG(MultiAgentAlgorithm):
         self.updates = int(state["updates"])
 
 
-@register_algorithm
 class MATD3(MADDPG):
     """MADDPG with TD3's pieces: twin critics reduced by min and delayed actor updates (both config
     values of :class:`MATD3Config`), and clipped Gaussian noise on the target actions (here)."""

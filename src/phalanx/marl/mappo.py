@@ -26,7 +26,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.algos import register_algorithm
 from phalanx.algos.ppo import PPO, PPOConfig
 from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError
@@ -108,7 +107,6 @@ class _UnitRollout:
     dones: Tensor
 
 
-@register_algorithm
 class MAPPO(MultiAgentAlgorithm):
     name = "mappo"
     config_class = MAPPOConfig
@@ -233,7 +231,6 @@ class MAPPO(MultiAgentAlgorithm):
             unit.ppo.load_state_dict(state[unit.key])
 
 
-@register_algorithm
 class IPPO(MAPPO):
     name = "ippo"
     config_class = IPPOConfig

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos import register_algorithm
 from phalanx.algos.base import PolyakPair
 from phalanx.algos.dqn import DQN, DQNConfig, QNetwork
 from phalanx.config import TrainConfig, check
@@ -182,7 +181,6 @@ def masked_argmax(q_values: Tensor, mask: Tensor | None) -> Tensor:
     return q_values.argmax(dim=-1)
 
 
-@register_algorithm
 class QMIX(MultiAgentAlgorithm):
     """QMIX for every agent group of a multi-agent env with Discrete actions (see the module docstring)."""
 
@@ -322,7 +320,6 @@ class QMIX(MultiAgentAlgorithm):
         self.updates = state["updates"]
 
 
-@register_algorithm
 class VDN(QMIX):
     """VDN: QMIX with the sum of the agents' Q-values as the mixer."""
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from phalanx.envs import registry as single_agent_registry
+from phalanx.envs.registry import import_simulator
 from phalanx.errors import EnvError
+from phalanx.marl.adapters import PettingZooVecEnv, VMASVecEnv
 from phalanx.marl.core import MultiAgentVecEnv
+from phalanx.marl.mpe import SimpleSpread, SimpleTag
 
 MultiAgentFactory = Callable[..., MultiAgentVecEnv]
 
@@ -31,8 +32,6 @@ _REGISTERED: dict[str, MultiAgentFactory] = {}
 
 
 def _builtin() -> dict[str, MultiAgentFactory]:
-    from phalanx.marl.mpe import SimpleSpread, SimpleTag
-
     return {
         "simple_spread": SimpleSpread,
         "simple_spread_continuous": functools.partial(SimpleSpread, continuous_actions=True),
@@ -105,13 +104,9 @@ def make_multi_agent_env(
     elif env_id in BUILTIN_IDS:
         env = _builtin()[env_id](num_envs=num_envs, device=device, **kwargs)
     elif sep and prefix == "pettingzoo":
-        from phalanx.marl.adapters import PettingZooVecEnv
-
         factory = _pettingzoo_factory(env_id, rest, kwargs)
         env = PettingZooVecEnv(factory, num_envs=num_envs, num_workers=num_workers, device=device)
     elif sep and prefix == "vmas":
-        from phalanx.marl.adapters import VMASVecEnv
-
         env = VMASVecEnv(rest, num_envs=num_envs, device=device, seed=seed, **kwargs)
     else:
         raise _unknown(env_id)
@@ -128,14 +123,12 @@ def make_multi_agent_env(
 def _pettingzoo_factory(env_id: str, spec: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
     """A picklable zero-argument factory of the PettingZoo parallel env named by ``spec``."""
     module_name, _, attribute = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise EnvError(
-            f"make_multi_agent_env({env_id!r}): cannot import {module_name!r} ({error.name!r} is not "
-            "installed). PettingZoo envs need `pip install 'phalanx[marl]'` and the package of the env "
-            "(e.g. mpe2, pettingzoo[butterfly])."
-        ) from None
+    module = import_simulator(
+        module_name,
+        f"make_multi_agent_env({env_id!r}): cannot import {module_name!r} ({{package!r}} is not "
+        "installed). PettingZoo envs need `pip install 'phalanx[marl]'` and the package of the env "
+        "(e.g. mpe2, pettingzoo[butterfly]).",
+    )
     attribute = attribute or "parallel_env"
     if not callable(getattr(module, attribute, None)):
         raise EnvError(
@@ -156,13 +149,11 @@ def _unknown(env_id: str) -> EnvError:
     )
 
 
-def _single_agent_hint(env_id: str) -> str:
+def single_agent_hint(env_id: str) -> str:
+    """What ``make_env`` says of a multi-agent id (one of ``phalanx.envs.registry.ELSEWHERE_HINTS``)."""
     if is_multi_agent_env(env_id):
         return (
             f" {env_id!r} is a multi-agent env: train it with a multi-agent algorithm (mappo, ippo, qmix, "
             "vdn, maddpg, matd3)."
         )
     return ""
-
-
-single_agent_registry.ELSEWHERE_HINTS.append(_single_agent_hint)

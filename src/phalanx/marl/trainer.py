@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from phalanx.algos import get_algorithm
 from phalanx.config import TrainConfig
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
 from phalanx.marl.core import Groups, MultiAgentVecEnv
 from phalanx.marl.registry import make_multi_agent_env
+from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.learner import Learner
@@ -227,5 +227,3 @@ class MultiAgentTrainer(Trainer):
     def new_algorithm(self) -> MultiAgentAlgorithm:
         return get_algorithm(self.config.algo)(self.config.hyperparameters, self.spec, self.device)
 
-
-MultiAgentAlgorithm.trainer_class = MultiAgentTrainer

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from phalanx.config import TrainConfig, _is_int, check, coerce, load_yaml, parse_scalar
+from phalanx.config import TrainConfig, check, coerce, is_int, load_yaml, parse_scalar
 from phalanx.errors import ConfigError
 from phalanx.files import write_text_atomic
 
@@ -150,13 +150,13 @@ class Mutation:
             new = max(new, self.min)
         if self.max is not None:
             new = min(new, self.max)
-        return max(1, round(new)) if _is_int(old) else float(new)
+        return max(1, round(new)) if is_int(old) else float(new)
 
 
 def _like(reference: Any, value: Any) -> Any:
     """A listed value of a float hyperparameter as a float (``choices: [0, 0.01]`` gives 0.0, not the
     int 0, which a later perturb would round as an integer)."""
-    return float(value) if isinstance(reference, float) and _is_int(value) else value
+    return float(value) if isinstance(reference, float) and is_int(value) else value
 
 
 def _nearest_index(values: tuple[Any, ...], value: Any) -> int:
@@ -214,7 +214,7 @@ class Resources:
             ">= 0",
         )
         check(
-            self.max_concurrent is None or (_is_int(self.max_concurrent) and self.max_concurrent >= 1),
+            self.max_concurrent is None or (is_int(self.max_concurrent) and self.max_concurrent >= 1),
             "resources.max_concurrent",
             self.max_concurrent,
             "an integer >= 1, or None",
@@ -254,7 +254,7 @@ class PopulationConfig:
 
     def validate(self) -> None:
         self.base.validate()
-        check(_is_int(self.size) and self.size >= 1, "size", self.size, "an integer >= 1")
+        check(is_int(self.size) and self.size >= 1, "size", self.size, "an integer >= 1")
         check(self.strategy in STRATEGIES, "strategy", self.strategy, f"one of {STRATEGIES}")
         if self.strategy == "tournament":
             check(
@@ -263,7 +263,7 @@ class PopulationConfig:
                 self.size,
                 ">= 2 for tournament selection: a member copies another member",
             )
-        check(_is_int(self.interval) and self.interval >= 1, "interval", self.interval, "env steps >= 1")
+        check(is_int(self.interval) and self.interval >= 1, "interval", self.interval, "env steps >= 1")
         check(
             isinstance(self.replace_fraction, (int, float)) and 0 < self.replace_fraction < 1,
             "replace_fraction",
@@ -271,14 +271,14 @@ class PopulationConfig:
             "a fraction in (0, 1), e.g. 0.25 (the bottom quarter copies the top quarter)",
         )
         check(
-            _is_int(self.tournament_size) and self.tournament_size >= 1,
+            is_int(self.tournament_size) and self.tournament_size >= 1,
             "tournament_size",
             self.tournament_size,
             "an integer >= 1",
         )
         check(self.backend in BACKENDS, "backend", self.backend, f"one of {BACKENDS}")
         check(
-            _is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0"
+            is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0"
         )
         self.resources.validate()
         if self.backend == "vectorized":

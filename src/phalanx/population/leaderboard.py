@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
+from rich.console import Group
+from rich.padding import Padding
+from rich.table import Table
+
 from phalanx.errors import CheckpointError
 from phalanx.files import append_line, atomic_write, write_text_atomic
 
@@ -169,11 +174,6 @@ class Leaderboard:
         of the numbers, then each member's hyperparameters (and why it was removed) on lines of their
         own, which wrap to the terminal's width (nothing is cut). The directory is not in it: print it on
         a line of its own, whole."""
-        from rich import box
-        from rich.console import Group
-        from rich.padding import Padding
-        from rich.table import Table
-
         ranking = Table(
             title="population ranking",
             box=box.SIMPLE_HEAD,

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
+from phalanx.config import TrainConfig, save_yaml
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.files import replace_directory, write_text_atomic
 from phalanx.population.backends import Report, Task, make_backend
@@ -47,6 +51,8 @@ from phalanx.population.evolution import (
     tournament_donor,
 )
 from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
+from phalanx.population.vectorized import VectorizedPPO
+from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import picklable_factory
 
 MEMBER_SEED_STRIDE = 10_000
@@ -476,9 +482,6 @@ class VectorizedRun:
         say: Callable[[str], None] | None,
         resume: bool = False,
     ) -> None:
-        from phalanx.population.vectorized import VectorizedPPO
-        from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-
         self.config, self.board, self.say = config, board, say or (lambda message: None)
         self.members = list(board.members)  # member i of the engine is the i-th record
         self.engine = VectorizedPPO(
@@ -566,9 +569,6 @@ class VectorizedRun:
 
     def finish(self) -> PopulationResult:
         """The report, and the best member written as an ordinary run directory (best/)."""
-        from phalanx.config import TrainConfig, save_yaml
-        from phalanx.train.checkpoint import CheckpointManager
-
         board = self.board
         board.save()
         board.write_report()
@@ -651,8 +651,5 @@ def _backend(config: PopulationConfig) -> Any:
 def _say(show_progress: bool) -> Callable[[str], None] | None:
     if not show_progress:
         return None
-    from rich.console import Console
-    from rich.markup import escape
-
     console = Console(stderr=True)
     return lambda message: console.print(escape(message), highlight=False, soft_wrap=True)  # paths whole

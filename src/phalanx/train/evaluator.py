@@ -227,7 +227,7 @@ class CopiesEvaluator:
     """
 
     def __init__(self, config: Any, seed: int) -> None:
-        from phalanx.algos import get_algorithm
+        from phalanx.registry import get_algorithm
         from phalanx.envs.core import BatchedVecEnv, as_device
 
         self.config, self.seed = config, seed

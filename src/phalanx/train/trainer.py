@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from phalanx.algos import get_algorithm
+from phalanx import registry
 from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.config import TrainConfig, save_yaml
@@ -112,7 +112,7 @@ class Trainer:
                 "phalanx.train(config) or `phalanx train ... --learners N`, which launch one process per "
                 "learner (or with torchrun, see docs/parallelism.md)."
             )
-        if config.pipeline and get_algorithm(config.algo).on_policy:
+        if config.pipeline and registry.get_algorithm(config.algo).on_policy:
             raise ConfigError(
                 f"pipeline = True is for the off-policy algorithms (dqn, ddpg, td3, sac, ...), but "
                 f"{config.algo} is on-policy: its update needs the rollout its own policy collected, so a "
@@ -135,7 +135,7 @@ class Trainer:
             self.evaluator = self.eval_process = EvaluationProcess(
                 config, seed=config.seed + EVAL_SEED_OFFSET, envs=envs
             )
-        algorithm_class = get_algorithm(config.algo)
+        algorithm_class = registry.get_algorithm(config.algo)
         raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
         algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
@@ -279,7 +279,7 @@ class Trainer:
     def new_algorithm(self) -> Algorithm:
         """A new algorithm for this run's spaces, built from the current hyperparameters (``adopt``)."""
         old = self.algorithm
-        return get_algorithm(self.config.algo)(
+        return registry.get_algorithm(self.config.algo)(
             self.config.hyperparameters, old.observation_space, old.action_space, self.device
         )
 
@@ -742,7 +742,7 @@ class Trainer:
 
 def trainer_class(config: TrainConfig) -> type[Trainer]:
     """The Trainer that runs ``config``'s algorithm (the multi-agent algorithms name their own)."""
-    return get_algorithm(config.algo).trainer_class or Trainer
+    return registry.trainer_class(config.algo)
 
 
 class TrainingInterrupted(Exception):

@@ -29,9 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.agent import load_agent
+from phalanx.envs.registry import make_env
+from phalanx.envs.trading import StockTradingVecEnv
 from phalanx.errors import CheckpointError, EnvError
 from phalanx.files import atomic_write, write_text_atomic
 from phalanx.finance.metrics import METRIC_NAMES, performance_summary
+from phalanx.train.run_dir import read_run_config
 
 __all__ = ["BacktestResult", "backtest"]
 
@@ -97,9 +101,6 @@ def format_metric(metric: str, value: float) -> str:
 
 
 def _trading_env(env_id: str, device: str) -> Any:
-    from phalanx.envs.registry import make_env
-    from phalanx.envs.trading import StockTradingVecEnv
-
     env = make_env(env_id, num_envs=1, device=device)
     while not isinstance(env, StockTradingVecEnv) and hasattr(env, "env"):
         env = env.env
@@ -129,9 +130,6 @@ def backtest(
     the period was backtested before; unless ``write`` is False. ``checkpoint`` is "best" (chosen by
     the training-period evaluation), "latest", or a checkpoint path.
     """
-    from phalanx.agent import load_agent
-    from phalanx.train.run_dir import read_run_config
-
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     train_env = _trading_env(config.env, device)
@@ -144,51 +142,19 @@ def backtest(
             f"observations of shape {tuple(env.single_observation_space.shape)} (different tickers or "
             "settings?). Backtest with the env the agent was trained on."
         )
-
-    steps = env.episode_length
-    first = env.first_bar
-    dates = env.dates[first : first + steps + 1]
-    num_stocks = len(env.tickers)
-    equity = np.empty(steps + 1)
-    equity[0] = env.initial_cash
-    trades = np.zeros((steps, num_stocks))
-    costs = np.zeros(steps)
+    steps, first = env.episode_length, env.first_bar
     prices = env.prices[first : first + steps + 1].double().cpu().numpy()  # (L + 1, S)
-    obs, _ = env.reset(seed=0)
-    ruined_at = None
-    with torch.no_grad():
-        for k in range(steps):
-            actions = agent.act(obs)
-            obs, _, terminated, _, _ = env.step(actions)
-            equity[k + 1] = float(env.last_value[0])
-            trades[k] = env.last_trades[0].double().cpu().numpy()
-            costs[k] = float(env.last_costs[0])
-            if bool(terminated[0]):
-                ruined_at = k + 1
-                equity[k + 1 :] = 0.0
-                break
-
-    cash = env.initial_cash
-    cost = env.transaction_cost
-    shares = (cash / num_stocks) / (prices[0] * (1.0 + cost))  # (S,) equal value in each stock
-    curves = {"agent": equity, "buy_and_hold": np.concatenate([[cash], prices[1:] @ shares])}
-    notes: list[str] = []
-    if env.index_data is not None:
-        index = env.index_data[first : first + steps + 1]
-        if np.isfinite(index).all() and index[0] > 0:
-            curves["index"] = cash * index / index[0]
-        else:
-            notes.append("index: not reported (it has no value on some bars of the period).")
+    equity, trades, costs, ruined_at = _trade(env, agent)
+    curves, notes = _benchmark_curves(env, prices, equity)
     per_year = env.periods_per_year
-    metrics = {name: performance_summary(curve, per_year) for name, curve in curves.items()}
     result = BacktestResult(
         run_dir=run_dir,
         period=(env.market.date(first), env.market.date(first + steps)),
         training_period=train_env.period,
         periods_per_year=per_year,
-        dates=dates,
+        dates=env.dates[first : first + steps + 1],
         equity=curves,
-        metrics=metrics,
+        metrics={name: performance_summary(curve, per_year) for name, curve in curves.items()},
         num_trades=int((np.abs(trades) * prices[:-1] > 1e-6).sum()),
         total_costs=float(costs.sum()),
         notes=notes,
@@ -202,12 +168,50 @@ def backtest(
         )
     notes.append(
         f"agent: {result.num_trades} trades, transaction costs {result.total_costs:,.0f} "
-        f"({100 * result.total_costs / cash:.2f}% of the initial cash); checkpoint {checkpoint!r} after "
-        f"{agent.steps:,} training steps."
+        f"({100 * result.total_costs / env.initial_cash:.2f}% of the initial cash); checkpoint "
+        f"{checkpoint!r} after {agent.steps:,} training steps."
     )
     if write:
-        result.out_dir = _write(result, env, trades, prices, cost)
+        result.out_dir = _write(result, env, trades, prices, env.transaction_cost)
     return result
+
+
+def _trade(env: Any, agent: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+    """The agent's deterministic episode over the backtest env: the portfolio value at every bar, the
+    shares traded and the costs paid at every step, and the bar at which the value reached 0 (or None)."""
+    steps = env.episode_length
+    equity = np.empty(steps + 1)
+    equity[0] = env.initial_cash
+    trades = np.zeros((steps, len(env.tickers)))
+    costs = np.zeros(steps)
+    obs, _ = env.reset(seed=0)
+    with torch.no_grad():
+        for k in range(steps):
+            obs, _, terminated, _, _ = env.step(agent.act(obs))
+            equity[k + 1] = float(env.last_value[0])
+            trades[k] = env.last_trades[0].double().cpu().numpy()
+            costs[k] = float(env.last_costs[0])
+            if bool(terminated[0]):
+                equity[k + 1 :] = 0.0
+                return equity, trades, costs, k + 1
+    return equity, trades, costs, None
+
+
+def _benchmark_curves(env: Any, prices: np.ndarray, equity: np.ndarray) -> tuple[dict, list[str]]:
+    """The agent's curve with equal-weight buy-and-hold and the index beside it (when the index has a
+    value on every bar), all starting from the same cash; and the notes on what is not reported."""
+    cash, cost = env.initial_cash, env.transaction_cost
+    shares = (cash / len(env.tickers)) / (prices[0] * (1.0 + cost))  # (S,) equal value in each stock
+    curves = {"agent": equity, "buy_and_hold": np.concatenate([[cash], prices[1:] @ shares])}
+    notes: list[str] = []
+    if env.index_data is not None:
+        first = env.first_bar
+        index = env.index_data[first : first + env.episode_length + 1]
+        if np.isfinite(index).all() and index[0] > 0:
+            curves["index"] = cash * index / index[0]
+        else:
+            notes.append("index: not reported (it has no value on some bars of the period).")
+    return curves, notes
 
 
 def _write(result: BacktestResult, env: Any, trades: np.ndarray, prices: np.ndarray, cost: float) -> Path:

@@ -1,0 +1,110 @@
+"""The algorithm table: a name -> where its config, algorithm, learning rule, trainer and agent live.
+
+Each part is named as ``"module:attribute"`` and imported on first use, so that this table sits at the
+bottom of the layers (it imports nothing of phalanx but errors) while naming classes of every layer:
+``config.py`` checks a config against it, the runtime builds the trainer and the algorithm it names,
+``load_agent`` the agent. Adding an algorithm is one row here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.errors import ConfigError
+
+_SINGLE_AGENT = ("phalanx.train.trainer:Trainer", "phalanx.agent:Agent")
+_MULTI_AGENT = ("phalanx.marl.trainer:MultiAgentTrainer", "phalanx.marl.agent:MultiAgentAgent")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Where one algorithm's parts live, each ``"module:attribute"``."""
+
+    config: str
+    """Its hyperparameters' dataclass (an ``AlgoConfig``)."""
+    algorithm: str
+    """Its ``Algorithm`` class."""
+    trainer: str
+    """The trainer class that runs it."""
+    agent: str
+    """The deployed agent class ``phalanx.load_agent`` gives for its runs."""
+    rule: str | None = None
+    """Its loss as a function of (networks, batch, hyperparameters), shared with vectorized populations
+    (None: the loss is written in the algorithm's ``update``)."""
+
+
+def _row(module: str, algorithm: str, runtime: tuple[str, str], rule: str | None = None) -> Registration:
+    trainer, agent = runtime
+    return Registration(f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule)
+
+
+ALGORITHMS: dict[str, Registration] = {
+    "ppo": _row("phalanx.algos.ppo", "PPO", _SINGLE_AGENT),
+    "a2c": _row("phalanx.algos.ppo", "A2C", _SINGLE_AGENT),
+    "dqn": _row("phalanx.algos.dqn", "DQN", _SINGLE_AGENT),
+    "double-dqn": _row("phalanx.algos.dqn", "DoubleDQN", _SINGLE_AGENT),
+    "dueling-dqn": _row("phalanx.algos.dqn", "DuelingDQN", _SINGLE_AGENT),
+    "d3qn": _row("phalanx.algos.dqn", "D3QN", _SINGLE_AGENT),
+    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT),
+    "td3": _row("phalanx.algos.td3", "TD3", _SINGLE_AGENT),
+    "sac": _row("phalanx.algos.sac", "SAC", _SINGLE_AGENT),
+    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT),
+    "mappo": _row("phalanx.marl.mappo", "MAPPO", _MULTI_AGENT),
+    "ippo": _row("phalanx.marl.mappo", "IPPO", _MULTI_AGENT),
+    "qmix": _row("phalanx.marl.qmix", "QMIX", _MULTI_AGENT),
+    "vdn": _row("phalanx.marl.qmix", "VDN", _MULTI_AGENT),
+    "maddpg": _row("phalanx.marl.maddpg", "MADDPG", _MULTI_AGENT),
+    "matd3": _row("phalanx.marl.maddpg", "MATD3", _MULTI_AGENT),
+}
+"""Every algorithm by the name configs, presets and the CLI use (lower case)."""
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def canonical_name(name: str) -> str:
+    """``name`` as the table spells it (any case is accepted); an unknown name gets the closest names and
+    the full list."""
+    key = name.lower() if isinstance(name, str) else name
+    if key in ALGORITHMS:
+        return key
+    close = difflib.get_close_matches(str(key), algorithm_names(), n=3, cutoff=0.4)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(algorithm_names())}.")
+
+
+def registration(name: str) -> Registration:
+    return ALGORITHMS[canonical_name(name)]
+
+
+def resolve(target: str) -> Any:
+    """The object named by ``"module:attribute"``, importing its module."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def config_class(name: str) -> type:
+    return resolve(registration(name).config)
+
+
+def get_algorithm(name: str) -> type:
+    """The ``Algorithm`` class of ``name``."""
+    return resolve(registration(name).algorithm)
+
+
+def learning_rule(name: str) -> Any:
+    """The loss function of ``name``, or None where its ``update`` holds the loss."""
+    rule = registration(name).rule
+    return None if rule is None else resolve(rule)
+
+
+def trainer_class(name: str) -> type:
+    return resolve(registration(name).trainer)
+
+
+def agent_class(name: str) -> type:
+    return resolve(registration(name).agent)

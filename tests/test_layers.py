@@ -1,0 +1,312 @@
+"""The layering of src/phalanx, read from the source (no module is imported; `make lint` runs this file).
+
+What counts as an import: every ``import phalanx...`` and ``from phalanx... import ...`` statement, with
+``from phalanx.a import b`` also counting as an import of the module ``phalanx.a.b`` when that is a
+module. Importing ``phalanx.a.b`` runs the ``__init__`` of the package ``phalanx.a`` too, so the packages
+above an imported module count as imported as well, except those that already contain the importing
+module (and the root package ``phalanx``, which every module is in). Imports of other packages
+(torch, ray, jax, ...) are not checked: an optional extra imported inside a function is fine.
+
+1. No import cycle among the modules, through the imports that run when a module is imported: the
+   statements at module level (also inside a module-level ``if`` or ``try``), not those in functions
+   and not those under ``if TYPE_CHECKING:``.
+2. Every import (module level, in functions, under TYPE_CHECKING) goes down or sideways in
+   :data:`LAYERS`, never up.
+3. No ``from phalanx.x.y import _private`` across packages: a name with a leading underscore is
+   imported only by modules of its own package.
+4. No module-level assignment to an attribute of an imported name (a class patched at import).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = SOURCE / "phalanx"
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors and files", ("errors", "files")),
+    ("algorithm table", ("registry",)),
+    ("config", ("config",)),
+    ("market data", ("finance", "finance.data", "finance.indicators", "finance.metrics")),
+    (
+        "environments, worker pool, networks, buffers, optimisers",
+        (
+            "envs",
+            "envs.*",
+            "pool",
+            "nets",
+            "buffers",
+            "optim",
+            "marl.core",
+            "marl.mpe",
+            "marl.adapters",
+            "marl.check",
+            "marl.registry",
+            "marl.buffers",
+        ),
+    ),
+    ("algorithms", ("algos", "algos.*", "marl.base", "marl.mappo", "marl.qmix", "marl.maddpg")),
+    ("runtime", ("train", "train.*", "marl.trainer")),
+    (
+        "applications",
+        ("population", "population.*", "agent", "marl", "marl.agent", "backtesting", "video"),
+    ),
+    ("entry points", ("cli", "__main__", "")),
+]
+"""Bottom to top: module names relative to ``phalanx`` ("" is the root package, ``x.*`` every module
+of the package x not named on its own). A module may import the modules of its own layer and below."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["phalanx", *parts])
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of ``module`` (a full name), or None if no layer names it."""
+    relative = module.removeprefix("phalanx").removeprefix(".")
+    for index, (_, names) in enumerate(LAYERS):
+        if relative in names:
+            return index
+    for index, (_, names) in enumerate(LAYERS):
+        if any(name.endswith(".*") and relative.startswith(name[:-1]) for name in names):
+            return index
+    return None
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    line: int
+    statement: str
+    target: str
+    """The module imported (for ``from a import b``: ``a.b`` if that is a module, else ``a``)."""
+    names: tuple[str, ...]
+    """The names a ``from`` import takes from ``target``'s package or module."""
+    at_import: bool
+    """Whether it runs when the importer is imported (module level, not under TYPE_CHECKING)."""
+
+
+def _absolute(node: ast.ImportFrom, importer: str) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer if MODULES[importer].name == "__init__.py" else importer.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(body: list[ast.stmt], at_import: bool):
+    """Every statement of ``body`` and the blocks inside it, with whether it runs at import."""
+    for node in body:
+        yield node, at_import
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _walk(node.body, False)
+        elif isinstance(node, ast.ClassDef):
+            yield from _walk(node.body, at_import)
+        elif isinstance(node, ast.If):
+            runs = at_import and not _is_type_checking(node)
+            yield from _walk(node.body, runs)
+            yield from _walk(node.orelse, at_import)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(node, field, None)
+                if isinstance(block, list) and block and isinstance(block[0], (ast.stmt, ast.excepthandler)):
+                    yield from _walk(block, at_import)
+
+
+def imports_of(importer: str) -> list[Import]:
+    path = MODULES[importer]
+    source = path.read_text()
+    found = []
+    for node, at_import in _walk(ast.parse(source).body, True):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        statement = ast.get_source_segment(source, node) or ""
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "phalanx" or alias.name.startswith("phalanx."):
+                    found.append(Import(importer, node.lineno, statement, alias.name, (), at_import))
+            continue
+        base = _absolute(node, importer)
+        if base != "phalanx" and not base.startswith("phalanx."):
+            continue
+        names = tuple(alias.name for alias in node.names)
+        submodules = [f"{base}.{name}" for name in names if f"{base}.{name}" in MODULES]
+        found.append(Import(importer, node.lineno, statement, base, names, at_import))
+        found += [Import(importer, node.lineno, statement, sub, (), at_import) for sub in submodules]
+    return found
+
+
+def with_packages(item: Import) -> list[str]:
+    """``item.target`` and the packages above it that importing it runs, outside the importer's own."""
+    parts = item.target.split(".")
+    targets = [".".join(parts[:end]) for end in range(2, len(parts) + 1)]
+    own = {item.importer.rsplit(".", depth)[0] for depth in range(item.importer.count("."))} | {item.importer}
+    return [target for target in targets if target == item.target or target not in own]
+
+
+def where(item: Import) -> str:
+    first, _, rest = item.statement.partition("\n")
+    return (
+        f"{MODULES[item.importer].relative_to(SOURCE.parent)}:{item.line}: `{first}{' ...' if rest else ''}`"
+    )
+
+
+ALL_IMPORTS = [item for module in MODULES for item in imports_of(module)]
+
+
+def test_every_module_has_a_layer():
+    missing = [module for module in MODULES if layer_of(module) is None]
+    assert not missing, (
+        f"modules without a layer: {missing}. Add each to LAYERS in tests/test_layers.py, in the layer of "
+        "what it does (it may import its own layer and those below)."
+    )
+
+
+def test_no_import_cycle():
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    lines: dict[tuple[str, str], Import] = {}
+    for item in ALL_IMPORTS:
+        if item.at_import:
+            for target in with_packages(item):
+                if target in MODULES and target != item.importer:
+                    graph[item.importer].add(target)
+                    lines.setdefault((item.importer, target), item)
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                cycles.append(
+                    " -> ".join(cycle)
+                    + "".join(f"\n    {where(lines[step])}" for step in zip(cycle, cycle[1:], strict=False))
+                )
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert not cycles, (
+        "import cycles (rule: no cycle among the imports that run at import time; move the shared code "
+        "into the lower module, or import downward only):\n" + "\n".join(cycles)
+    )
+
+
+def test_imports_only_go_down_the_layers():
+    upward = []
+    for item in ALL_IMPORTS:
+        own = layer_of(item.importer)
+        for target in with_packages(item):
+            theirs = layer_of(target)
+            if own is not None and theirs is not None and theirs > own:
+                upward.append(
+                    f"{where(item)} imports {target} (layer {theirs}, {LAYERS[theirs][0]}) from "
+                    f"{item.importer} (layer {own}, {LAYERS[own][0]})"
+                )
+    assert not upward, (
+        "imports going up the layers (rule: a module imports only its own layer and those below, "
+        "LAYERS in tests/test_layers.py; move the code it needs down, or the importer up):\n"
+        + "\n".join(upward)
+    )
+
+
+def _package(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_private_names_across_packages():
+    crossing = []
+    for item in ALL_IMPORTS:
+        private = [name for name in item.names if name.startswith("_") and not name.startswith("__")]
+        if private and item.target in MODULES and _package(item.target) != _package(item.importer):
+            crossing.append(f"{where(item)} takes {private} from package {_package(item.target)}")
+    assert not crossing, (
+        "private names imported across packages (rule: a name with a leading underscore stays in its "
+        "package; make it public where it is shared, or move it):\n" + "\n".join(crossing)
+    )
+
+
+def test_no_class_patched_at_import():
+    patched = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        imported = {
+            (alias.asname or alias.name).partition(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        for node, at_import in _walk(tree.body, True):
+            targets = {ast.Assign: "targets", ast.AugAssign: "target", ast.AnnAssign: "target"}
+            if not at_import or type(node) not in targets:
+                continue
+            value = getattr(node, targets[type(node)])
+            for target in value if isinstance(value, list) else [value]:
+                root = target
+                while isinstance(root, (ast.Attribute, ast.Subscript)):
+                    root = root.value
+                if target is not root and isinstance(root, ast.Name) and root.id in imported:
+                    patched.append(
+                        f"{path.relative_to(SOURCE.parent)}:{node.lineno}: `{ast.unparse(node)}` sets an "
+                        f"attribute of the imported {root.id!r} in {module}"
+                    )
+    assert not patched, (
+        "attributes of imported names set at import (rule: no class or module patched at import time; "
+        "say it where the class is defined, or look it up in a table such as phalanx.registry):\n"
+        + "\n".join(patched)
+    )
+
+
+LOADED = "import sys, {package}; print(*sorted(name for name in sys.modules if name.startswith('phalanx')))"
+
+
+@pytest.mark.parametrize("package", ["phalanx.envs", "phalanx.config", "phalanx.registry"])
+def test_importing_a_lower_layer_does_not_import_the_learners(package):
+    """A fresh interpreter: what importing ``package`` brings in stays below the algorithms. (The root
+    package ``phalanx`` names its exports lazily, and loads the empty package ``phalanx.train`` so that
+    ``phalanx.train`` stays the training function.)"""
+    path = os.pathsep.join([str(SOURCE), os.environ.get("PYTHONPATH", "")])
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOADED.format(package=package)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    ).stdout.split()
+    algorithms = [name for name, _ in LAYERS].index("algorithms")
+    above = [
+        module
+        for module in loaded
+        if module not in ("phalanx", "phalanx.train") and layer_of(module) >= algorithms
+    ]
+    assert not above, f"importing {package} imports {above}, which are learners or above"
