@@ -69,7 +69,7 @@ def _state(pid: int) -> str:
 def test_workers_run_the_task_on_shared_buffers_frames_and_objects():
     pool = pool_of()
     try:
-        pool.wait(range(2), "start", refuse)
+        pool.wait_started(refuse)
         pool.views["values"][:] = [[1, 2, 3], [4, 5, 6]]
         pool.broadcast(_DOUBLE)
         pool.wait(range(2), "double", refuse)
@@ -85,7 +85,7 @@ def test_a_hung_worker_is_reported_after_the_timeout():
     pool = pool_of(timeout=0.5, timeout_setting="step_timeout")
     faults = []
     try:
-        pool.wait(range(2), "start", refuse)
+        pool.wait_started(refuse)
         pool.send(0, _SLEEP)
         pool.send(1, _DOUBLE)
         start = time.monotonic()
@@ -102,7 +102,7 @@ def test_a_crash_is_reported_with_its_traceback_and_the_worker_restarts_up_to_ma
     pool = pool_of(max_restarts=1)
     faults = []
     try:
-        pool.wait(range(2), "start", refuse)
+        pool.wait_started(refuse)
         pool.send(1, _CRASH)
         pool.wait([1], "step", faults.append)
         [fault] = faults
@@ -123,7 +123,7 @@ def test_a_crash_is_reported_with_its_traceback_and_the_worker_restarts_up_to_ma
 def test_a_killed_worker_is_reported_with_its_death_cause():
     pool = pool_of(num_workers=1)
     try:
-        pool.wait([0], "start", refuse)
+        pool.wait_started(refuse)
         os.kill(pool.processes[0].pid, signal.SIGKILL)
         pool.send(0, _DOUBLE)
         with pytest.raises(Fault) as error:
@@ -138,7 +138,7 @@ def test_a_killed_worker_is_reported_with_its_death_cause():
 @pytest.mark.parametrize("start_method", sorted({START_METHOD, choose_start_method()} - {None}))
 def test_close_and_garbage_collection_leave_no_process(start_method):
     pool = pool_of(start_method=start_method)
-    pool.wait(range(2), "start", refuse)
+    pool.wait_started(refuse)
     pids = pool.pids
     assert len(pids) == 2
     pool.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import select
 import signal
@@ -350,9 +351,7 @@ def _ready(handles: dict[int, tuple[int, int]], timeout: float | None) -> dict[i
             poller.register(fd, select.POLLIN)
         fired = [fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000.0)]
     else:  # Windows
-        from multiprocessing.connection import wait
-
-        fired = list(wait(list(owner), timeout))
+        fired = list(multiprocessing.connection.wait(list(owner), timeout))
     ready: dict[int, bool] = {}
     for fd in fired:
         worker, is_pipe = owner[fd]
@@ -419,7 +418,8 @@ class WorkerPool:
             gets the list of those that arrived while it was busy (for workers that take long on large
             messages: the evaluation process).
 
-    The workers start at once; :meth:`wait` (or :meth:`receive`) collects their answer to ``"start"``.
+    The workers start at once; :meth:`wait_started` (or :meth:`receive`) collects their answer to
+    ``"start"``.
     """
 
     def __init__(
@@ -499,6 +499,15 @@ class WorkerPool:
         if isinstance(answer, Fault):
             raise answer
         return answer
+
+    def wait_started(self, on_fault: Callable[[Fault], None]) -> None:
+        """Wait for every worker's answer to ``"start"``, faults to ``on_fault``; on any failure (a fault
+        ``on_fault`` raises, Ctrl+C) close the pool and raise."""
+        try:
+            self.wait(range(self.num_workers), "start", on_fault)
+        except BaseException:
+            self.close()
+            raise
 
     def wait(
         self,

@@ -524,12 +524,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
         )
         self._views = self._pool.views
         self._progress = self._views["progress"]
+        self._pool.wait_started(self._refuse)
         self.closed = False
-        try:
-            self._pool.wait(range(self.num_workers), "start", self._refuse)
-        except BaseException:
-            self.close()
-            raise
 
     def _check_workers(self, num_workers: Any, max_restarts: Any, step_timeout: Any) -> None:
         name = type(self).__name__

@@ -625,12 +625,8 @@ class PettingZooVecEnv(MultiAgentVecEnv):
             timeout_setting="step_timeout",
         )
         self._views = self._pool.views
+        self._pool.wait_started(self._fail)
         self.closed = False
-        try:
-            self._pool.wait(range(self.num_workers), "start", self._fail)
-        except BaseException:
-            self.close()
-            raise
 
     # -- workers -----------------------------------------------------------------------------------
     def _fail(self, fault: Fault) -> None:
