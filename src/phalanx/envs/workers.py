@@ -13,17 +13,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
-import select
-import struct
-import sys
-import time
+import functools
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
@@ -32,6 +26,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
 from phalanx.envs.gymnasium_ids import GYMNASIUM_EXTRAS, gymnasium_unavailable
 from phalanx.errors import EnvError
+from phalanx.pool import OK, Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, copy_out, frame
 
 __all__ = ["GymnasiumVecEnv", "ProcessVecEnv", "make_gym_env"]
 
@@ -85,13 +80,6 @@ class _ApiCheck(gym.Wrapper):
             got = f"{len(result)} values" if isinstance(result, tuple) else type(result).__name__
             raise self._old_api(f"step() returned {got}, expected 5 (obs, reward, done, info is the old API)")
         return result
-
-
-def _copy_to(array: np.ndarray, device: torch.device) -> Tensor:
-    """A copy of ``array`` as a tensor on ``device`` (the source buffer is reused by the next step)."""
-    if device.type == "cpu":  # numpy's copy of a small array costs a fraction of Tensor.clone's
-        return torch.from_numpy(np.array(array, order="C"))
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 def _spaces(env: gym.Env) -> tuple[gym.Space, gym.Space]:
@@ -205,7 +193,7 @@ class _GymnasiumAdapter(VecEnv):
         if isinstance(self._obs_space, gym.spaces.Discrete):
             index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
             return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
-        return _copy_to(np.asarray(obs, dtype=np.float32), self.device)
+        return copy_out(np.asarray(obs, dtype=np.float32), self.device)
 
     def _actions_numpy(self, actions: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
         shape = self._action_shape if shape is None else shape
@@ -339,269 +327,111 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
 
 
 # ------------------------------------------------------------------------------------------------------
-# ProcessVecEnv: sub-envs in worker processes, data in shared memory, one-byte messages.
+# ProcessVecEnv: sub-envs in the workers of a WorkerPool, data in its shared buffers, one-byte messages.
 
-_STEP = b"s"  # main -> worker: step your sub-envs with the actions in shared memory
-_OK = b"k"  # worker -> main: started / reset done
 _DONE = (b"d", b"e")  # worker -> main: all workers stepped slot 0 / 1; results are in shared memory
+_STEP_ALL, _STEP_HALF = (
+    frame(b"s"),
+    (frame(b"s0"), frame(b"s1")),
+)  # step every sub-env / the first, second half
 
 # A step's progress: per slot (0: the whole env or its first half, 1: the second half) and worker, in
 # shared memory. Only the last worker to finish a slot tells the main process, which then wakes once per
 # step instead of once per worker (on 2 cores: ~90 us of a ~460 us CartPole x 64 step).
 _PENDING, _FINISHED, _EXCUSED = 0, 1, 2  # _EXCUSED: the worker failed; its restarted successor owes nothing
-_FATAL, _FAULT = "fatal", "fault"  # worker -> main: a contract error (not retried) / a crash (restart)
-
-# The step messages go straight through os.read / os.write on the pipe's descriptor, in the framing of
-# multiprocessing.Connection (a 4-byte big-endian length, then the bytes), so they mix freely with the
-# Connection's own send / recv of the rarer messages; Connection's Python layers cost ~15 us per message
-# here. Windows pipes are handles, not descriptors: they keep the Connection methods.
-_HEADER = struct.Struct("!i")
 _RESULTS = ("obs", "final_obs", "reward", "terminated", "truncated")  # the buffers a step writes
-_RAW_PIPES = os.name == "posix"
 
 
-def _frame(message: bytes) -> bytes:
-    return _HEADER.pack(len(message)) + message
+class _EnvWorker(WorkerTask):
+    """What a :class:`ProcessVecEnv` worker does: build its sub-envs; step, reset and render them."""
 
+    fatal = (EnvError,)  # a broken contract (the old gym API, unequal spaces): no restart would fix it
 
-def _send_message(conn: Any, frame: bytes) -> None:
-    """Send one message already framed by :func:`_frame`."""
-    if _RAW_PIPES:
-        os.write(conn.fileno(), frame)
-    else:
-        conn.send_bytes(frame[_HEADER.size :])
+    def __init__(
+        self,
+        env: str | EnvFactory,
+        make_kwargs: dict[str, Any],
+        spaces: tuple[gym.Space, ...],
+        per_worker: int,
+    ) -> None:
+        self.env, self.make_kwargs, self.spaces, self.per_worker = env, make_kwargs, spaces, per_worker
+        self.envs: list[gym.Env] = []
 
-
-def _recv_message(conn: Any) -> bytes:
-    """Receive one message; EOFError when the other end is gone."""
-    if not _RAW_PIPES:
-        return conn.recv_bytes()
-    fd = conn.fileno()
-    # every message has at least one byte, so this first read often holds the whole frame
-    data = _read_until(fd, os.read(fd, _HEADER.size + 1), _HEADER.size)
-    (size,) = _HEADER.unpack(data[: _HEADER.size])
-    if size < 0:  # > 2 GiB: Connection's long form; never a step message
-        raise OSError(f"unexpected message of {size} bytes on a worker pipe")
-    return _read_until(fd, data[_HEADER.size :], size)
-
-
-def _read_until(fd: int, data: bytes, size: int) -> bytes:
-    """``data`` followed by reads from ``fd`` until it holds at least ``size`` bytes."""
-    while len(data) < size:
-        more = os.read(fd, size - len(data))
-        if not more:
-            raise EOFError("the pipe was closed")
-        data += more
-    return data
-
-
-def _shared_array(ctx: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, np.ndarray]:
-    """A lock-free shared buffer and a numpy view of it (the buffer is what a child process receives)."""
-    raw = ctx.RawArray("b", max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
-    return raw, np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-
-def _shared_arrays(
-    ctx: Any, layout: dict[str, tuple[tuple[int, ...], str]]
-) -> tuple[dict[str, tuple[Any, tuple[int, ...], str]], dict[str, np.ndarray]]:
-    """One shared buffer per ``{name: (shape, dtype)}``: what the workers receive, and the views here."""
-    buffers, views = {}, {}
-    for name, (shape, dtype) in layout.items():
-        raw, views[name] = _shared_array(ctx, shape, np.dtype(dtype))
-        buffers[name] = (raw, shape, dtype)
-    return buffers, views
-
-
-def _start_process(
-    ctx: Any, target: Callable[..., None], args: tuple[Any, ...], name: str
-) -> tuple[Any, Any]:
-    """Start a daemon worker process that talks over a duplex pipe: ``(process, this end of the pipe)``."""
-    parent, child = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=target, args=(*args, child), name=name, daemon=True)
-    process.start()
-    child.close()
-    return process, parent
-
-
-def _worker_loop(
-    payload: bytes,
-    worker: int,
-    start: int,
-    stop: int,
-    buffers: dict[str, tuple[Any, tuple[int, ...], str]],
-    lock: Any,
-    conn: Any,
-) -> None:
-    """Worker ``worker``: owns sub-envs ``start..stop-1``, serves commands until told to close."""
-    import signal
-    import traceback
-
-    import cloudpickle
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the main process's to handle; it closes us
-    views = {
-        name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-        for name, (raw, shape, dtype) in buffers.items()
-    }
-    progress = views.pop("progress")
-    views = {name: view[start:stop] for name, view in views.items()}
-    actions, obs, final_obs = views["actions"], views["obs"], views["final_obs"]
-    reward, terminated, truncated = views["reward"], views["terminated"], views["truncated"]
-    envs: list[gym.Env] = []
-    current = -1  # the sub-env being stepped, for error reports
-    try:
-        env, make_kwargs, spaces = cloudpickle.loads(payload)
-        while len(envs) < stop - start:
-            current = len(envs)
-            envs.append(make_gym_env(env, make_kwargs))
-            built = _spaces(envs[-1])
-            for which, space, expected in zip(("observation", "action"), built, spaces, strict=True):
+    def start(self, worker: WorkerSide) -> None:
+        """Views of this worker's rows of the shared buffers, and its sub-envs, checked to have the spaces
+        of the env built in the main process."""
+        self.worker, self.lock, self.first = worker.index, worker.lock, worker.index * self.per_worker
+        views = dict(worker.views)
+        self.progress = views.pop("progress")
+        self.rows = {name: view[self.first : self.first + self.per_worker] for name, view in views.items()}
+        self.done = [frame(notice) for notice in _DONE]
+        while len(self.envs) < self.per_worker:
+            self.where = self.first + len(self.envs)
+            self.envs.append(make_gym_env(self.env, self.make_kwargs))
+            built = _spaces(self.envs[-1])
+            for which, space, expected in zip(("observation", "action"), built, self.spaces, strict=True):
                 if space != expected:
                     raise EnvError(
-                        f"sub-env {start + current} of {_env_name(env)!r} has {which} space {space}, "
+                        f"sub-env {self.where} of {_env_name(self.env)!r} has {which} space {space}, "
                         f"expected {expected} (the space of the first env built). Every sub-env of a "
                         "VecEnv must have the same spaces: make the factory return identical envs."
                     )
-        current = -1
-        inner = [sub_env.env for sub_env in envs]  # stepped past the API check: the unpacking checks
-        ok = _frame(_OK)
-        done = [_frame(notice) for notice in _DONE]
-        _send_message(conn, ok)
-        while True:
-            try:
-                message = _recv_message(conn)
-            except (EOFError, OSError):  # the main process is gone: exit rather than linger
-                break
-            if message[:1] == _STEP:  # b"s": every sub-env; b"s0" / b"s1": the first / second half
-                slot, low, high = 0, 0, len(envs)
-                if len(message) > 1:
-                    slot, half = int(message[1:]), len(envs) // 2
-                    low, high = half * slot, half * slot + half
-                for current in range(low, high):
-                    result = inner[current].step(actions[current])
-                    try:
-                        next_obs, r, term, trunc, _ = result
-                    except (TypeError, ValueError):
-                        envs[current].check_step(result)  # the old gym API says so
-                        raise
-                    reward[current], terminated[current], truncated[current] = r, term, trunc
-                    final_obs[current] = next_obs  # the true next observation of every row
-                    if term or trunc:
-                        next_obs, _ = envs[current].reset()
-                    obs[current] = next_obs
-                current = -1
-                with lock:
-                    progress[slot, worker] = _FINISHED
-                    last = progress[slot].all()
-                if last:
-                    _send_message(conn, done[slot])
-                continue
-            command, *arguments = cloudpickle.loads(message)
-            if command == "reset":  # sub-envs low..high-1 get the seeds seed, seed + 1, ...
-                seed, options, low, high = arguments
-                for current in range(low, high):
-                    obs[current], _ = envs[current].reset(
-                        seed=None if seed is None else seed + current - low, options=options
-                    )
-                current = -1
-                _send_message(conn, ok)
-            elif command == "render":
-                conn.send(envs[arguments[0]].render())
-            elif command == "close":
-                break
-    except BaseException as error:  # noqa: BLE001 - every failure is reported to the main process
-        kind = _FATAL if isinstance(error, EnvError) else _FAULT
-        where = None if current < 0 else start + current
+        self.where = None
+        self.inner = [
+            sub_env.env for sub_env in self.envs
+        ]  # stepped past the API check: the unpacking checks
+
+    def handle(self, message: Any) -> Any:
+        if isinstance(message, bytes):
+            return self.step(message)
+        command, *arguments = message
+        if command == "reset":  # sub-envs low..high-1 get the seeds seed, seed + 1, ...
+            seed, options, low, high = arguments
+            for current in range(low, high):
+                self.where = self.first + current
+                self.rows["obs"][current], _ = self.envs[current].reset(
+                    seed=None if seed is None else seed + current - low, options=options
+                )
+            self.where = None
+            return OK
+        return self.envs[arguments[0]].render()  # "render"
+
+    def step(self, message: bytes) -> bytes | None:
+        """Step every sub-env (b"s") or one half (b"s0", b"s1") with the actions in shared memory; the
+        last worker to finish the slot answers its notice."""
+        slot, low, high = 0, 0, len(self.envs)
+        if len(message) > 1:
+            slot, half = int(message[1:]), len(self.envs) // 2
+            low, high = half * slot, half * slot + half
+        rows, envs, inner = self.rows, self.envs, self.inner
+        actions, obs, final_obs = rows["actions"], rows["obs"], rows["final_obs"]
+        reward, terminated, truncated = rows["reward"], rows["terminated"], rows["truncated"]
+        current = low
         try:
-            conn.send((kind, where, f"{type(error).__name__}: {error}", traceback.format_exc()))
-        except (OSError, EOFError):
-            pass
-    finally:
-        for sub_env in envs:
-            try:
+            for current in range(low, high):
+                result = inner[current].step(actions[current])
+                try:
+                    next_obs, r, term, trunc, _ = result
+                except (TypeError, ValueError):
+                    envs[current].check_step(result)  # the old gym API says so
+                    raise
+                reward[current], terminated[current], truncated[current] = r, term, trunc
+                final_obs[current] = next_obs  # the true next observation of every row
+                if term or trunc:
+                    next_obs, _ = envs[current].reset()
+                obs[current] = next_obs
+        except BaseException:
+            self.where = self.first + current
+            raise
+        with self.lock:
+            self.progress[slot, self.worker] = _FINISHED
+            last = self.progress[slot].all()
+        return self.done[slot] if last else None
+
+    def close(self) -> None:
+        for sub_env in self.envs:
+            with contextlib.suppress(Exception):  # closing is best effort on the way out
                 sub_env.close()
-            except Exception:  # noqa: BLE001 - closing is best effort on the way out
-                pass
-        conn.close()
-
-
-def _ready_workers(handles: dict[int, tuple[int, int]], timeout: float) -> dict[int, bool]:
-    """The workers whose pipe is readable or whose process ended, waiting up to ``timeout`` seconds.
-
-    ``handles`` maps a worker to (pipe fd, process sentinel fd); the result maps each ready worker to
-    whether its pipe has data. ``select.poll`` costs a few microseconds where
-    ``multiprocessing.connection.wait`` builds a selector on every call.
-    """
-    owner = {}
-    for worker, (pipe, sentinel) in handles.items():
-        owner[pipe] = worker, True
-        owner[sentinel] = worker, False
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        for fd in owner:
-            poller.register(fd, select.POLLIN)
-        fired = [fd for fd, _ in poller.poll(timeout * 1000.0)]
-    else:  # Windows
-        from multiprocessing.connection import wait
-
-        fired = list(wait(list(owner), timeout))
-    ready: dict[int, bool] = {}
-    for fd in fired:
-        worker, is_pipe = owner[fd]
-        ready[worker] = ready.get(worker, False) or is_pipe
-    return ready
-
-
-def _default_start_method() -> str:
-    import multiprocessing as mp
-
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-
-
-def death_cause(process: Any, what: str, start_method: str) -> str:
-    """Why a worker process that sent nothing ended (its exit code or signal), for the error message.
-
-    A worker that exits with code 1 at start under spawn or forkserver is most often the caller's
-    script without a ``__main__`` guard: the new process imports that script, which builds the env
-    again and tries to start processes of its own. The cause then says how to fix it.
-    """
-    process.join(timeout=1.0)
-    code = process.exitcode
-    died = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-    cause = f"the process died during {what} ({died})"
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if what == "start" and code == 1 and start_method != "fork" and main_file is not None:
-        cause += (
-            f". If the output above shows multiprocessing's RuntimeError about the 'bootstrapping phase', "
-            f"the new process imported {main_file!r}, which built this env again: put that script's "
-            'top-level code under `if __name__ == "__main__":`'
-        )
-    return cause
-
-
-def _shutdown(processes: list[Any], connections: list[Any]) -> None:
-    """Close every worker: ask politely, then terminate, then kill. Safe to call twice."""
-    connections = [conn for conn in connections if conn is not None]
-    for conn in connections:
-        try:
-            conn.send(("close",))
-        except (OSError, EOFError, ValueError):
-            pass
-    for process in processes:
-        if process is None:
-            continue
-        process.join(timeout=1.0)
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=1.0)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=1.0)
-    for conn in connections:
-        try:
-            conn.close()
-        except OSError:
-            pass
 
 
 class ProcessVecEnv(_GymnasiumAdapter):
@@ -622,11 +452,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
     and the cause. An :class:`~phalanx.errors.EnvError` raised by a sub-env (e.g. the old gym API) is
     a contract error, not a fault, and is raised at once.
 
-    Processes: started with ``start_method`` (``"forkserver"`` on Linux, else ``"spawn"``), so a
-    script that builds this env must guard its entry point with ``if __name__ == "__main__":``.
-    Workers ignore SIGINT (Ctrl+C is handled by the main process, which closes them), exit by
-    themselves when the main process disappears, and are closed by :meth:`close`, garbage collection
-    and interpreter exit.
+    Processes: a :class:`~phalanx.pool.WorkerPool`, started with ``start_method`` (``"forkserver"`` on
+    Linux, else ``"spawn"``), so a script that builds this env must guard its entry point with
+    ``if __name__ == "__main__":``. Workers ignore SIGINT (Ctrl+C is handled by the main process, which
+    closes them), exit by themselves when the main process disappears, and are closed by :meth:`close`,
+    garbage collection and interpreter exit.
 
     Args:
         env: a Gymnasium id or a factory returning a ``gymnasium.Env`` (lambdas work: the factory is
@@ -653,10 +483,51 @@ class ProcessVecEnv(_GymnasiumAdapter):
         start_method: str | None = None,
         **kwargs: Any,
     ) -> None:
-        import multiprocessing as mp
-
         self.closed = True  # until the workers run
         super().__init__(env, num_envs, device, render_mode, kwargs)
+        self._check_workers(num_workers, max_restarts, step_timeout)
+        who = f"{type(self).__name__}({self.env_id!r})"
+        start_method = choose_start_method(start_method, who=who, error=EnvError)
+        self.num_workers = int(num_workers)
+        self.max_restarts = int(max_restarts)
+        self.step_timeout = float(step_timeout)
+
+        # One env in this process first: its spaces size the shared buffers, and a missing dependency or
+        # a bad id fails here, in the caller's process, with the adapter's error message.
+        probe = make_gym_env(env, self._make_kwargs)
+        try:
+            obs_space, act_space = _spaces(probe)
+            render_modes, fps = probe.metadata.get("render_modes", []), probe.metadata.get("render_fps")
+        finally:
+            probe.close()
+        self._set_spaces(obs_space, act_space, render_modes, fps)
+        obs_shape = () if isinstance(obs_space, gym.spaces.Discrete) else tuple(obs_space.shape)
+        self._last_obs = np.zeros((self.num_envs, *obs_shape), dtype=np.float32)
+        self._fault_rows = np.zeros(self.num_envs, dtype=bool)
+        self._complete = [True, True]  # per slot: the step sent there is complete
+        self._slots_in_flight: set[int] = set()
+        self._split = False
+        self._order: collections.deque[VecEnv] = collections.deque()  # owners of the steps in flight
+        self._seed: int | None = None
+        self._per_worker = self.num_envs // self.num_workers
+        self._pool = WorkerPool(
+            _EnvWorker(env, self._make_kwargs, (obs_space, act_space), self._per_worker),
+            self.num_workers,
+            name="phalanx-worker",
+            start_method=start_method,
+            preload=["phalanx.envs.workers"],
+            buffers=self._buffer_layout(obs_shape),
+            lock=True,  # makes "mark my slot finished, am I the last?" atomic
+            timeout=self.step_timeout,
+            timeout_setting="step_timeout",
+            max_restarts=self.max_restarts,
+        )
+        self._views = self._pool.views
+        self._progress = self._views["progress"]
+        self._pool.wait_started(self._refuse)
+        self.closed = False
+
+    def _check_workers(self, num_workers: Any, max_restarts: Any, step_timeout: Any) -> None:
         name = type(self).__name__
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
             raise EnvError(
@@ -687,136 +558,36 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 f"{name}({self.env_id!r}): step_timeout must be a number of seconds > 0, "
                 f"got {step_timeout!r}."
             )
-        methods = mp.get_all_start_methods()
-        start_method = start_method or _default_start_method()
-        if start_method not in methods:
-            raise EnvError(
-                f"{name}({self.env_id!r}): start_method {start_method!r} is not available here; "
-                f"expected one of {methods}."
-            )
-        self.num_workers = int(num_workers)
-        self.max_restarts = int(max_restarts)
-        self.step_timeout = float(step_timeout)
-        self.restarts = [0] * self.num_workers
-        self._ctx = mp.get_context(start_method)
-        if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["phalanx.envs.workers"])
 
-        # One env in this process first: its spaces size the shared buffers, and a missing dependency or
-        # a bad id fails here, in the caller's process, with the adapter's error message.
-        probe = make_gym_env(env, self._make_kwargs)
-        try:
-            obs_space, act_space = _spaces(probe)
-            render_modes, fps = probe.metadata.get("render_modes", []), probe.metadata.get("render_fps")
-        finally:
-            probe.close()
-        self._set_spaces(obs_space, act_space, render_modes, fps)
-
+    def _buffer_layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The shared buffers: what a step reads and writes, and its progress per slot and worker."""
         n = self.num_envs
-        obs_shape = () if isinstance(obs_space, gym.spaces.Discrete) else tuple(obs_space.shape)
-        layout = {
+        return {
             "actions": (self._action_shape, "int64" if self._discrete_act else "float32"),
             "obs": ((n, *obs_shape), "float32"),
             "final_obs": ((n, *obs_shape), "float32"),
             "reward": ((n,), "float32"),
             "terminated": ((n,), "bool"),
             "truncated": ((n,), "bool"),
+            "progress": ((2, self.num_workers), "int8"),
         }
-        self._buffers, self._views = _shared_arrays(self._ctx, layout)
-        self._last_obs = np.zeros((n, *obs_shape), dtype=np.float32)
-        self._fault_rows = np.zeros(n, dtype=bool)
-        raw, self._progress = _shared_array(self._ctx, (2, self.num_workers), np.dtype("int8"))
-        self._buffers["progress"] = (raw, (2, self.num_workers), "int8")
-        self._lock = self._ctx.Lock()  # makes "mark my slot finished, am I the last?" atomic
-        self._complete = [True, True]  # per slot: the step sent there is complete
-        self._slots_in_flight: set[int] = set()
-        # step commands: [from a half][slot]; the whole env steps every sub-env of each worker
-        self._step_frames = {False: [_frame(_STEP + b"0"), _frame(_STEP + b"1")], True: [_frame(_STEP)] * 2}
-        self._split = False
-        self._order: collections.deque[VecEnv] = collections.deque()  # owners of the steps in flight
-        self._seed: int | None = None
-        self._payload = cloudpickle.dumps((env, self._make_kwargs, (obs_space, act_space)))
-        self._per_worker = n // self.num_workers
-        self._processes: list[Any] = [None] * self.num_workers
-        self._connections: list[Any] = [None] * self.num_workers
-        self._handles: list[tuple[int, int]] = [(-1, -1)] * self.num_workers  # (pipe fd, sentinel) per worker
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
-        self.closed = False
-        try:
-            for worker in range(self.num_workers):
-                self._start(worker)
-            self._wait(range(self.num_workers), "start", restart=False)
-        except BaseException:
-            self.close()
-            raise
 
-    # -- processes ---------------------------------------------------------------------------------
+    # -- faults ------------------------------------------------------------------------------------
+    @property
+    def restarts(self) -> list[int]:
+        """The restarts of each worker so far."""
+        return self._pool.restarts
+
     def _rows(self, worker: int) -> tuple[int, int]:
         return worker * self._per_worker, (worker + 1) * self._per_worker
 
-    def _start(self, worker: int) -> None:
-        start, stop = self._rows(worker)
-        process, parent = _start_process(
-            self._ctx,
-            _worker_loop,
-            (self._payload, worker, start, stop, self._buffers, self._lock),
-            f"phalanx-worker-{worker}",
-        )
-        self._processes[worker] = process
-        self._connections[worker] = parent
-        self._handles[worker] = parent.fileno(), process.sentinel
-
     def _describe(self, worker: int) -> str:
         start, stop = self._rows(worker)
-        return f"worker {worker} (pid {self._processes[worker].pid}, sub-envs {start}..{stop - 1})"
-
-    def _wait(self, workers: Any, what: str, restart: bool = True, slot: int | None = None) -> None:
-        """Wait for every worker in ``workers`` to answer ``what`` (start, reset) or, given ``slot``, for
-        the step sent to ``slot`` to complete; handle the faults on the way."""
-        waiting = set(workers)
-        deadline = time.monotonic() + self.step_timeout
-        while waiting if slot is None else not self._complete[slot]:
-            ready = _ready_workers(
-                {w: self._handles[w] for w in waiting}, max(deadline - time.monotonic(), 0.0)
-            )
-            if not ready:
-                hung = [w for w in sorted(waiting) if slot is None or self._progress[slot, w] == _PENDING]
-                for worker in hung:
-                    self._fault(
-                        worker,
-                        f"no answer to {what} within step_timeout={self.step_timeout} s (hung); killed it",
-                        restart,
-                    )
-                return  # the hung workers are restarted (and excused from the step in flight)
-            for worker, has_data in sorted(ready.items()):
-                try:
-                    message = _recv_message(self._connections[worker]) if has_data else None
-                except (EOFError, OSError):
-                    message = None
-                if message == _OK:
-                    waiting.discard(worker)
-                    continue
-                if message in _DONE:
-                    self._complete[_DONE.index(message)] = True
-                    continue
-                waiting.discard(worker)
-                if message is None:
-                    cause = death_cause(self._processes[worker], what, self._ctx.get_start_method())
-                    self._fault(worker, cause, restart)
-                    continue
-                kind, where, summary, trace = cloudpickle.loads(message)
-                at = "" if where is None else f" in sub-env {where}"
-                if kind == _FATAL or not restart:
-                    self.close()
-                    raise EnvError(
-                        f"{type(self).__name__}({self.env_id!r}): {self._describe(worker)} failed{at} during "
-                        f"{what}: {summary}\n{trace}"
-                    ) from None
-                self._fault(worker, f"{summary} (raised{at} during {what})", restart, trace)
+        return f"worker {worker} (pid {self._pool.processes[worker].pid}, sub-envs {start}..{stop - 1})"
 
     @contextlib.contextmanager
     def _progress_locked(self) -> Any:
-        if not self._lock.acquire(timeout=self.step_timeout):  # only if a worker died holding it
+        if not self._pool.lock.acquire(timeout=self.step_timeout):  # only if a worker died holding it
             self.close()
             raise EnvError(
                 f"{type(self).__name__}({self.env_id!r}): a worker process ended while holding the lock "
@@ -825,7 +596,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         try:
             yield
         finally:
-            self._lock.release()
+            self._pool.lock.release()
 
     def _excuse(self, worker: int) -> None:
         """``worker`` is dead: it will finish no step in flight; complete the steps it was the last of."""
@@ -836,15 +607,31 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 if self._progress[slot].all():
                     self._complete[slot] = True
 
-    def _fault(self, worker: int, cause: str, restart: bool, trace: str = "") -> None:
+    def _notice(self, answer: bytes) -> None:
+        """The last worker to finish a slot's step says so: the step is complete."""
+        self._complete[_DONE.index(answer)] = True
+
+    def _refuse(self, fault: Fault) -> None:
+        """A fault while a worker starts or restarts: no restart; close and raise."""
+        self._fault(fault, restart=False)
+
+    def _fault(self, fault: Fault, restart: bool = True, slot: int | None = None) -> None:
+        """Restart the worker of ``fault`` (its sub-envs' episodes end truncated), or close the env and raise
+        EnvError for a contract error, past ``max_restarts``, or when ``restart`` is false."""
+        worker, name = fault.worker, f"{type(self).__name__}({self.env_id!r})"
+        if fault.kind == "hung" and slot is not None and self._progress[slot, worker] != _PENDING:
+            return  # it finished its part of the step in flight; another worker is the one hung
         description = self._describe(worker)
-        process = self._processes[worker]
-        if process.is_alive():
-            process.kill()
-        process.join(timeout=1.0)
+        if fault.kind == "fatal" or (fault.kind == "raised" and not restart):
+            self.close()
+            at = "" if fault.where is None else f" in sub-env {fault.where}"
+            raise EnvError(
+                f"{name}: {description} failed{at} during {fault.what}: {fault.summary}\n{fault.trace}"
+            ) from None
+        cause = fault.cause("sub-env") + ("; killed it" if fault.kind == "hung" else "")
+        self._pool.stop(worker)
         self._excuse(worker)
-        self.restarts[worker] += 1
-        if not restart or self.restarts[worker] > self.max_restarts:
+        if not restart or not self._pool.restart(worker):
             self.close()
             limit = (
                 ""
@@ -852,26 +639,21 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 else f" after {self.max_restarts} restarts (max_restarts={self.max_restarts})"
             )
             raise EnvError(
-                f"{type(self).__name__}({self.env_id!r}): {description} failed{limit}: {cause}. "
-                "Fix the env (the traceback below is the worker's), or raise max_restarts if the "
-                f"failures are rare and harmless.\n{trace}".rstrip()
+                f"{name}: {description} failed{limit}: {cause}. Fix the env (the traceback below is the "
+                "worker's), or raise max_restarts if the failures are rare and harmless."
+                f"\n{fault.trace}".rstrip()
             ) from None
         warnings.warn(
-            f"{type(self).__name__}({self.env_id!r}): {description} failed: {cause}. Restarted it "
-            f"({self.restarts[worker]} of max_restarts={self.max_restarts}); its episodes are truncated.",
+            f"{name}: {description} failed: {cause}. Restarted it ({self.restarts[worker]} of "
+            f"max_restarts={self.max_restarts}); its episodes are truncated.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        try:
-            self._connections[worker].close()
-        except OSError:
-            pass
-        self._start(worker)
-        self._wait([worker], "start", restart=False)
+        self._pool.wait([worker], "start", self._refuse)
         start, stop = self._rows(worker)
         seed = None if self._seed is None else self._seed + start + self.num_envs * sum(self.restarts)
-        self._connections[worker].send(("reset", seed, None, 0, stop - start))
-        self._wait([worker], "reset", restart=False)
+        self._pool.send(worker, ("reset", seed, None, 0, stop - start))
+        self._pool.wait([worker], "reset", self._refuse)
         self._fault_rows[start:stop] = True
 
     # -- the contract ------------------------------------------------------------------------------
@@ -931,9 +713,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
         if group is not None:
             size = self._per_worker // 2
             low, high = group * size, (group + 1) * size
-        for worker, conn in enumerate(self._connections):
-            conn.send(("reset", None if seed is None else int(seed) + worker * size, options, low, high))
-        self._wait(range(self.num_workers), "reset")
+        for worker in range(self.num_workers):
+            self._pool.send(
+                worker, ("reset", None if seed is None else int(seed) + worker * size, options, low, high)
+            )
+        self._pool.wait(range(self.num_workers), "reset", self._fault)
         rows = slice(None) if group is None else self._half_rows(group)
         self._fault_rows[rows] = False
         self._last_obs[rows] = self._views["obs"][rows]
@@ -957,9 +741,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         self._progress[slot] = _PENDING  # no worker touches this slot before it reads the command
         self._complete[slot] = False
         self._slots_in_flight.add(slot)
-        frame = self._step_frames[owner is self][slot]
-        for conn in self._connections:
-            _send_message(conn, frame)
+        self._pool.broadcast(_STEP_ALL if owner is self else _STEP_HALF[slot])
 
     def _receive_step(
         self, rows: Any, statistics: EpisodeStatistics, slot: int, owner: VecEnv
@@ -974,7 +756,13 @@ class ProcessVecEnv(_GymnasiumAdapter):
             )
             raise EnvError(f"{owner!r}.step_wait: {problem}.")
         self._order.popleft()
-        self._wait(range(self.num_workers), "step", slot=slot)
+        self._pool.wait(
+            range(self.num_workers),
+            "step",
+            functools.partial(self._fault, slot=slot),
+            until=lambda: self._complete[slot],
+            on_answer=self._notice,
+        )
         self._slots_in_flight.discard(slot)
         views = {key: self._views[key][rows] for key in _RESULTS}  # copies when rows is an index array
         faulted = self._fault_rows[rows]
@@ -987,7 +775,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
         final_obs = self._obs_tensor(views["final_obs"])
         self._last_obs[rows] = views["obs"]
         reward, terminated, truncated = (
-            _copy_to(views[key], self.device) for key in ("reward", "terminated", "truncated")
+            copy_out(views[key], self.device) for key in ("reward", "terminated", "truncated")
         )
         done = terminated | truncated
         episode_return, episode_length = statistics.step(reward, done)
@@ -1009,8 +797,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
                 "step_wait first."
             )
         worker, local = divmod(index, self._per_worker)
-        self._connections[worker].send(("render", local))
-        return self._connections[worker].recv()
+        self._pool.send(worker, ("render", local))
+        try:
+            return self._pool.receive(worker, "render")
+        except Fault as fault:
+            self._refuse(fault)
+            raise
 
     def render(self) -> tuple[Any, ...]:
         return tuple(self.render_frame(index) for index in range(self.num_envs))
@@ -1024,12 +816,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
     @property
     def pids(self) -> list[int]:
         """The process ids of the live workers."""
-        return [p.pid for p in self._processes if p is not None and p.is_alive()]
+        return self._pool.pids
 
     def close(self, **kwargs: Any) -> None:
         if not self.closed:
             self.closed = True
-            self._finalizer()
+            self._pool.close()
 
     def __repr__(self) -> str:
         return (

@@ -19,38 +19,20 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-import time
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
 
 from phalanx.envs.core import EpisodeStatistics, as_device, tensor_space
-from phalanx.envs.workers import (
-    _FATAL,
-    _FAULT,
-    _OK,
-    _STEP,
-    _copy_to,
-    _default_start_method,
-    _frame,
-    _ready_workers,
-    _recv_message,
-    _send_message,
-    _shared_arrays,
-    _shutdown,
-    _start_process,
-    death_cause,
-)
 from phalanx.errors import ConfigError, EnvError
 from phalanx.marl.core import AgentGroup, Groups, MultiAgentVecEnv, Tensor, check_actions
+from phalanx.pool import OK, Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, copy_out, frame
 
 __all__ = ["PettingZooVecEnv", "VMASVecEnv", "group_agents"]
 
@@ -455,71 +437,72 @@ class _Copies:
         self.current = -1
 
 
-def _pettingzoo_worker(
-    payload: bytes,
-    worker: int,
-    start: int,
-    stop: int,
-    buffers: dict[str, tuple[Any, tuple[int, ...], str]],
-    conn: Any,
-) -> None:
-    """Worker ``worker``: owns copies ``start..stop-1``, serves commands until told to close."""
-    import signal
-    import traceback
+_STEP = frame(b"s")  # main -> worker: step your copies with the actions in shared memory
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the main process's to handle; it closes us
-    views = {
-        name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)[start:stop]
-        for name, (raw, shape, dtype) in buffers.items()
-    }
-    envs: list[Any] = []
-    copies: _Copies | None = None
-    current = -1
-    try:
-        factory, layout = cloudpickle.loads(payload)
-        while len(envs) < stop - start:
-            current = len(envs)
-            envs.append(factory())
-            for agent, (obs_space, act_space) in layout.raw_spaces.items():
-                built = (envs[-1].observation_space(agent), envs[-1].action_space(agent))
+
+class _PettingZooWorker(WorkerTask):
+    """What a :class:`PettingZooVecEnv` worker does: build its copies of the env; step and reset them."""
+
+    fatal = (EnvError,)
+
+    def __init__(self, factory: Callable[[], Any], layout: _Layout, per_worker: int) -> None:
+        self.factory, self.layout, self.per_worker = factory, layout, per_worker
+        self.envs: list[Any] = []
+
+    def start(self, worker: WorkerSide) -> None:
+        """Its copies, checked to have the spaces of the env built in the main process, writing into its
+        rows of the shared buffers."""
+        first = worker.index * self.per_worker
+        while len(self.envs) < self.per_worker:
+            self.where = first + len(self.envs)
+            self.envs.append(self.factory())
+            for agent, (obs_space, act_space) in self.layout.raw_spaces.items():
+                built = (self.envs[-1].observation_space(agent), self.envs[-1].action_space(agent))
                 if built != (obs_space, act_space):
                     raise EnvError(
-                        f"copy {start + current} has spaces {built} for agent {agent!r}, expected "
+                        f"copy {self.where} has spaces {built} for agent {agent!r}, expected "
                         f"{(obs_space, act_space)} (those of the first env built). Every copy must have the "
                         "same spaces: make env_factory return identical envs."
                     )
-        current = -1
-        copies = _Copies(envs, layout, views, start)
-        ok = _frame(_OK)
-        _send_message(conn, ok)
-        while True:
-            try:
-                message = _recv_message(conn)
-            except (EOFError, OSError):  # the main process is gone: exit rather than linger
-                break
-            if message == _STEP:
-                copies.step()
-                _send_message(conn, ok)
-                continue
-            command, *arguments = cloudpickle.loads(message)
-            if command == "reset":
-                seed, options = arguments
-                copies.reset(seed, options)
-                _send_message(conn, ok)
-            elif command == "close":
-                break
-    except BaseException as error:  # noqa: BLE001 - every failure is reported to the main process
-        kind = _FATAL if isinstance(error, EnvError) else _FAULT
-        if copies is not None and copies.current >= 0:
-            current = copies.current
-        where = None if current < 0 else start + current
-        with contextlib.suppress(OSError, EOFError):
-            conn.send((kind, where, f"{type(error).__name__}: {error}", traceback.format_exc()))
-    finally:
-        for env in envs:
+        self.where = None
+        views = {name: view[first : first + self.per_worker] for name, view in worker.views.items()}
+        self.copies = _Copies(self.envs, self.layout, views, first)
+
+    def handle(self, message: Any) -> bytes:
+        try:
+            if isinstance(message, bytes):
+                self.copies.step()
+            else:  # ("reset", seed, options)
+                self.copies.reset(*message[1:])
+        except BaseException:
+            if self.copies.current >= 0:
+                self.where = self.copies.offset + self.copies.current
+            raise
+        return OK
+
+    def close(self) -> None:
+        for env in self.envs:
             with contextlib.suppress(Exception):
                 env.close()
-        conn.close()
+
+
+def _check_arguments(who: str, num_envs: Any, num_workers: Any, seed: Any, step_timeout: Any) -> None:
+    """PettingZooVecEnv's arguments, checked before an env is built."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+        raise ConfigError(f"{who}: num_workers must be an integer >= 0, got {num_workers!r}.")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ConfigError(f"{who}: num_envs must be an integer >= 1, got {num_envs!r}.")
+    if num_workers and num_envs % num_workers:
+        low = num_envs // num_workers * num_workers
+        raise ConfigError(
+            f"{who}: num_envs={num_envs} is not divisible by num_workers={num_workers}; every worker "
+            f"steps the same number of copies. Use a multiple of {num_workers} (e.g. num_envs="
+            f"{max(low, num_workers)} or {low + num_workers}), or another num_workers."
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise ConfigError(f"{who}: seed must be an integer or None, got {seed!r}.")
+    if isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float)) or not step_timeout > 0:
+        raise ConfigError(f"{who}: step_timeout must be a number of seconds > 0, got {step_timeout!r}.")
 
 
 class PettingZooVecEnv(MultiAgentVecEnv):
@@ -579,29 +562,9 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         step_timeout: float = 60.0,
         start_method: str | None = None,
     ) -> None:
-        import multiprocessing as mp
-
         self.closed = True  # until the envs exist
         who = type(self).__name__
-        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-            raise ConfigError(f"{who}: num_workers must be an integer >= 0, got {num_workers!r}.")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise ConfigError(f"{who}: num_envs must be an integer >= 1, got {num_envs!r}.")
-        if num_workers and num_envs % num_workers:
-            low = num_envs // num_workers * num_workers
-            raise ConfigError(
-                f"{who}: num_envs={num_envs} is not divisible by num_workers={num_workers}; every worker "
-                f"steps the same number of copies. Use a multiple of {num_workers} (e.g. num_envs="
-                f"{max(low, num_workers)} or {low + num_workers}), or another num_workers."
-            )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ConfigError(f"{who}: seed must be an integer or None, got {seed!r}.")
-        if (
-            isinstance(step_timeout, bool)
-            or not isinstance(step_timeout, (int, float))
-            or not step_timeout > 0
-        ):
-            raise ConfigError(f"{who}: step_timeout must be a number of seconds > 0, got {step_timeout!r}.")
+        _check_arguments(who, num_envs, num_workers, seed, step_timeout)
         device = as_device(device)
         probe = _make_parallel_env(env_factory, who)
         try:
@@ -622,110 +585,65 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         self._needs_reset = True
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device, (self.num_agents,))
         self._who = f"{who}({self.env_name!r})"
-        self._processes: list[Any] = []
-        self._connections: list[Any] = []
-        layout_buffers = layout.buffers(self.num_envs)
+        self._copies: _Copies | None = None
+        self._pool: WorkerPool | None = None
         if not self.num_workers:
-            self._views = {key: np.zeros(shape, dtype) for key, (shape, dtype) in layout_buffers.items()}
-            envs = [probe]
-            try:
-                while len(envs) < self.num_envs:
-                    envs.append(env_factory())
-            except BaseException:
-                for env in envs:
-                    with contextlib.suppress(Exception):
-                        env.close()
-                raise
-            self._copies: _Copies | None = _Copies(envs, layout, self._views, 0)
-            self.closed = False
+            self._build_copies(env_factory, probe)
             return
         with contextlib.suppress(Exception):
             probe.close()
-        self._copies = None
-        methods = mp.get_all_start_methods()
-        start_method = start_method or _default_start_method()
-        if start_method not in methods:
-            raise ConfigError(
-                f"{self._who}: start_method {start_method!r} is not available; expected one of {methods}."
-            )
-        self._ctx = mp.get_context(start_method)
-        if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["phalanx.marl.adapters"])
-        self._buffers, self._views = _shared_arrays(self._ctx, layout_buffers)
-        self._payload = cloudpickle.dumps((env_factory, layout))
-        self._per_worker = self.num_envs // self.num_workers
-        self._processes = [None] * self.num_workers
-        self._connections = [None] * self.num_workers
-        self._handles: list[tuple[int, int]] = [(-1, -1)] * self.num_workers
-        self._step_frame = _frame(_STEP)
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._connections)
-        self.closed = False
+        self._start_workers(env_factory, start_method)
+
+    def _build_copies(self, env_factory: Callable[[], Any], probe: Any) -> None:
+        """Without workers: every copy in this process (the probe is the first), writing into plain arrays."""
+        buffers = self.layout.buffers(self.num_envs)
+        self._views = {key: np.zeros(shape, dtype) for key, (shape, dtype) in buffers.items()}
+        envs = [probe]
         try:
-            for worker in range(self.num_workers):
-                self._start(worker)
-            self._wait("start")
+            while len(envs) < self.num_envs:
+                envs.append(env_factory())
         except BaseException:
-            self.close()
+            for env in envs:
+                with contextlib.suppress(Exception):
+                    env.close()
             raise
+        self._copies = _Copies(envs, self.layout, self._views, 0)
+        self.closed = False
+
+    def _start_workers(self, env_factory: Callable[[], Any], start_method: str | None) -> None:
+        """With workers: a pool whose workers own ``num_envs / num_workers`` copies each, in shared memory."""
+        start_method = choose_start_method(start_method, who=self._who, error=ConfigError)
+        self._per_worker = self.num_envs // self.num_workers
+        self._pool = WorkerPool(
+            _PettingZooWorker(env_factory, self.layout, self._per_worker),
+            self.num_workers,
+            name="phalanx-marl-worker",
+            start_method=start_method,
+            preload=["phalanx.marl.adapters"],
+            buffers=self.layout.buffers(self.num_envs),
+            timeout=self.step_timeout,
+            timeout_setting="step_timeout",
+        )
+        self._views = self._pool.views
+        self._pool.wait_started(self._fail)
+        self.closed = False
 
     # -- workers -----------------------------------------------------------------------------------
-    def _start(self, worker: int) -> None:
-        start, stop = worker * self._per_worker, (worker + 1) * self._per_worker
-        process, parent = _start_process(
-            self._ctx,
-            _pettingzoo_worker,
-            (self._payload, worker, start, stop, self._buffers),
-            f"phalanx-marl-worker-{worker}",
-        )
-        self._processes[worker] = process
-        self._connections[worker] = parent
-        self._handles[worker] = parent.fileno(), process.sentinel
-
-    def _describe(self, worker: int) -> str:
-        start = worker * self._per_worker
-        stop = start + self._per_worker - 1
-        return f"worker {worker} (pid {self._processes[worker].pid}, copies {start}..{stop})"
-
-    def _fail(self, worker: int, cause: str, trace: str = "") -> EnvError:
-        description = self._describe(worker)
+    def _fail(self, fault: Fault) -> None:
+        """Any fault of a worker closes the env and raises EnvError (workers are not restarted)."""
+        start = fault.worker * self._per_worker
+        pid = self._pool.processes[fault.worker].pid
+        description = f"worker {fault.worker} (pid {pid}, copies {start}..{start + self._per_worker - 1})"
         self.close()
-        return EnvError(
-            f"{self._who}: {description} failed: {cause}. The env was closed; fix the env (the traceback "
-            f"below is the worker's) and build a new one.\n{trace}".rstrip()
+        raise EnvError(
+            f"{self._who}: {description} failed: {fault.cause('copy')}. The env was closed; fix the env (the "
+            f"traceback below is the worker's) and build a new one.\n{fault.trace}".rstrip()
         )
-
-    def _wait(self, what: str) -> None:
-        """Wait for every worker to answer ``what``; any failure closes the env and raises EnvError."""
-        waiting = set(range(self.num_workers))
-        deadline = time.monotonic() + self.step_timeout
-        while waiting:
-            ready = _ready_workers(
-                {w: self._handles[w] for w in waiting}, max(deadline - time.monotonic(), 0.0)
-            )
-            if not ready:
-                worker = min(waiting)
-                raise self._fail(
-                    worker, f"no answer to {what} within step_timeout={self.step_timeout} s (hung)"
-                )
-            for worker, has_data in sorted(ready.items()):
-                try:
-                    message = _recv_message(self._connections[worker]) if has_data else None
-                except (EOFError, OSError):
-                    message = None
-                if message == _OK:
-                    waiting.discard(worker)
-                    continue
-                if message is None:
-                    cause = death_cause(self._processes[worker], what, self._ctx.get_start_method())
-                    raise self._fail(worker, cause)
-                kind, where, summary, trace = cloudpickle.loads(message)
-                at = "" if where is None else f" in copy {where}"
-                raise self._fail(worker, f"{summary} (raised{at} during {what})", trace)
 
     @property
     def pids(self) -> list[int]:
         """The process ids of the live workers (empty without workers)."""
-        return [p.pid for p in self._processes if p is not None and p.is_alive()]
+        return [] if self._pool is None else self._pool.pids
 
     # -- the contract ------------------------------------------------------------------------------
     def _check_open(self, what: str) -> None:
@@ -740,9 +658,8 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         if self._copies is not None:
             self._copies.reset(seed, options)
         else:
-            for conn in self._connections:
-                conn.send(("reset", seed, options))  # copy i gets seed + i: the worker adds its offset
-            self._wait("reset")
+            self._pool.broadcast(("reset", seed, options))  # copy i gets seed + i: the worker adds its offset
+            self._pool.wait(range(self.num_workers), "reset", self._fail)
         self._needs_reset = False
         self.episode_statistics.reset()
         obs = self._groups("obs")
@@ -761,14 +678,13 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         if self._copies is not None:
             self._copies.step()
         else:
-            for conn in self._connections:
-                _send_message(conn, self._step_frame)
-            self._wait("step")
+            self._pool.broadcast(_STEP)
+            self._pool.wait(range(self.num_workers), "step", self._fail)
         obs = self._groups("obs")
         final_obs = self._groups("final_obs")
-        reward = _copy_to(self._views["reward"], self.device)
-        terminated = _copy_to(self._views["terminated"], self.device)
-        truncated = _copy_to(self._views["truncated"], self.device)
+        reward = copy_out(self._views["reward"], self.device)
+        terminated = copy_out(self._views["terminated"], self.device)
+        truncated = copy_out(self._views["truncated"], self.device)
         done = terminated | truncated
         episode_return, episode_length = self.episode_statistics.step(reward, done)
         info: dict[str, Any] = {
@@ -785,11 +701,11 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         return obs, _split(self.groups, reward), terminated, truncated, info
 
     def _groups(self, key: str, names: Any = None) -> Groups:
-        return {name: _copy_to(self._views[f"{key}:{name}"], self.device) for name in (names or self.groups)}
+        return {name: copy_out(self._views[f"{key}:{name}"], self.device) for name in (names or self.groups)}
 
     def _state(self, key: str, obs: Groups) -> Tensor:
         if self.layout.state_dim:
-            return _copy_to(self._views[key], self.device)
+            return copy_out(self._views[key], self.device)
         return _concat_state(self.groups, obs)
 
     def state_dict(self) -> dict[str, Any]:
@@ -808,7 +724,7 @@ class PettingZooVecEnv(MultiAgentVecEnv):
                 with contextlib.suppress(Exception):
                     env.close()
         else:
-            self._finalizer()
+            self._pool.close()
 
     def __repr__(self) -> str:
         groups = ", ".join(f"{name}: {group.num_agents}" for name, group in self.groups.items())

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import io
 import math
-import multiprocessing
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from phalanx.envs.core import VecEnv
+from phalanx.config import TrainConfig
+from phalanx.envs.core import BatchedVecEnv, VecEnv, as_device, block_seeds
+from phalanx.envs.registry import register_env
+from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
+from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
+from phalanx.registry import get_algorithm
 from phalanx.train.environments import build_env, to_device
 
 Tensor = torch.Tensor
@@ -128,23 +130,22 @@ class EvaluationProcess(BestReturn):
     def __init__(self, config: Any, seed: int, envs: dict[str, Any], start_method: str | None = None) -> None:
         """``config``: the run's TrainConfig; ``seed``: of the evaluation episodes; ``envs``: ids the caller
         registered, with their factories (for forkserver and spawn); ``start_method``: None picks."""
-        from phalanx.envs.core import as_device
-        from phalanx.envs.workers import _default_start_method, _start_process
-
-        forkable = sys.platform.startswith("linux") and as_device(config.device).type == "cpu"
-        self.start_method = start_method or ("fork" if forkable else _default_start_method())
-        context = multiprocessing.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            context.set_forkserver_preload(["phalanx.train.trainer"])
+        self.start_method = choose_start_method(start_method, forkable=as_device(config.device).type == "cpu")
         payload = {
             "config": config.to_dict(),
             "seed": seed,
             "envs": envs,
             "threads": config.torch_threads or 1,
         }
-        self.process, self.connection = _start_process(
-            context, _evaluation_loop, (payload,), name="phalanx-evaluator"
+        self.pool = WorkerPool(
+            _Evaluation(payload),
+            1,
+            name="phalanx-evaluator",
+            start_method=self.start_method,
+            preload=["phalanx.train.trainer"],
+            queued=True,
         )
+        self.process = self.pool.processes[0]
         self.batch_limit = 1
         """The most copies evaluated together (``eval_batch`` with a batched simulator, else 1); known
         once the process is ready."""
@@ -170,16 +171,17 @@ class EvaluationProcess(BestReturn):
         buffer = io.BytesIO()
         torch.save({"steps": steps, **state}, buffer)
         try:
-            self.connection.send(("evaluate", steps, buffer.getvalue()))
+            self.pool.send(0, (steps, buffer.getvalue()))
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            self._died("an evaluation")
+            cause = death_cause(self.process, "an evaluation", self.start_method)
+            raise RuntimeError(f"the evaluation process ended: {cause}.") from None
         self.outstanding.add(steps)
 
     def poll(self) -> list[tuple[int, Evaluation]]:
         """The ``(steps, evaluation)`` results that have arrived, in step order (does not wait); the
         copies skipped for newer ones are no longer outstanding."""
         results = []
-        while self.busy and self.connection.poll():
+        while self.busy and self.pool.poll(0):
             results += self._receive("an evaluation")
         return results
 
@@ -192,31 +194,57 @@ class EvaluationProcess(BestReturn):
 
     def _receive(self, during: str) -> Any:
         try:
-            message = self.connection.recv()
-        except (EOFError, ConnectionResetError, OSError):
-            self._died(during)
-        kind, value, *details = message
-        if kind == "error":
-            raise RuntimeError(f"the evaluation process failed: {value}\n\nIts traceback:\n{details[0]}")
+            kind, value, *skipped = self.pool.receive(0, during)
+        except Fault as fault:
+            if fault.kind == "died":
+                raise RuntimeError(f"the evaluation process ended: {fault.summary}.") from None
+            raise RuntimeError(
+                f"the evaluation process failed: {fault.summary}\n\nIts traceback:\n{fault.trace}"
+            ) from None
         if kind == "ready":
             return value
-        skipped = details[0]
-        self.outstanding -= {steps for steps, _, _ in value} | set(skipped)
+        self.outstanding -= {steps for steps, _, _ in value} | set(skipped[0])
         return [(steps, Evaluation(returns, lengths)) for steps, returns, lengths in value]
-
-    def _died(self, during: str) -> None:
-        from phalanx.envs.workers import death_cause
-
-        cause = death_cause(self.process, during, self.start_method)
-        raise RuntimeError(f"the evaluation process ended: {cause}.")
 
     def close(self) -> None:
         """End the process (asked to close as the env workers are, then by force). Safe to call twice."""
-        from phalanx.envs.workers import _shutdown
-
         if self.process is not None:
-            _shutdown([self.process], [self.connection])
+            self.pool.close()
             self.process = None
+
+
+class _Evaluation(WorkerTask):
+    """What the evaluation process does: build its :class:`CopiesEvaluator`; then, whenever free, evaluate
+    the newest ``batch_limit`` of the copies of the weights that arrived (a thread of the pool receives
+    them as they are sent) and report the older ones skipped."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+        self.evaluator: CopiesEvaluator | None = None
+
+    def start(self, worker: WorkerSide) -> tuple[str, int]:
+        torch.set_num_threads(self.payload["threads"])
+        for env_id, factory in self.payload["envs"].items():  # ids the trainer's caller registered
+            register_env(env_id, factory, overwrite=True)
+        config = TrainConfig.from_dict(self.payload["config"], where="the evaluation process's config")
+        self.evaluator = CopiesEvaluator(config, self.payload["seed"])
+        return "ready", self.evaluator.batch_limit
+
+    def handle(self, message: list[tuple[int, bytes]]) -> tuple[str, list, list[int]]:
+        """``message``: the ``(steps, copy)`` that arrived, oldest first."""
+        limit = self.evaluator.batch_limit
+        taken, skipped = message[-limit:], [steps for steps, _ in message[:-limit]]
+        copies = [torch.load(io.BytesIO(data), weights_only=True) for _, data in taken]
+        evaluations = self.evaluator.evaluate(copies)
+        results = [
+            (steps, evaluation.returns, evaluation.lengths)
+            for (steps, _), evaluation in zip(taken, evaluations, strict=True)
+        ]
+        return "results", results, skipped
+
+    def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
 
 
 class CopiesEvaluator:
@@ -227,9 +255,6 @@ class CopiesEvaluator:
     """
 
     def __init__(self, config: Any, seed: int) -> None:
-        from phalanx.registry import get_algorithm
-        from phalanx.envs.core import BatchedVecEnv, as_device
-
         self.config, self.seed = config, seed
         self.device = as_device(config.device)
         self.envs: dict[int, VecEnv] = {1: build_env(config, config.eval_episodes, training=False)}
@@ -246,9 +271,6 @@ class CopiesEvaluator:
 
     def evaluate(self, copies: list[dict[str, Any]]) -> list[Evaluation]:
         """The evaluation of each copy (``{"algorithm": state dict, "obs_statistics": state or None}``)."""
-        from phalanx.envs.core import block_seeds
-        from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
-
         k, episodes = len(copies), self.config.eval_episodes
         if not 1 <= k <= self.batch_limit:
             raise ValueError(f"CopiesEvaluator.evaluate: {k} copies, expected 1 to {self.batch_limit}.")
@@ -281,79 +303,6 @@ class CopiesEvaluator:
     def close(self) -> None:
         for env in self.envs.values():
             env.close()
-
-
-def _evaluation_loop(payload: dict[str, Any], connection: Any) -> None:
-    """The evaluation process: build its :class:`CopiesEvaluator`; then, while a thread receives the
-    copies of the weights as they are sent, evaluate the newest ``batch_limit`` of those waiting
-    whenever free."""
-    import signal
-    import threading
-    import traceback
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the trainer's to handle; it closes us
-
-    def report_error(error: BaseException) -> None:
-        connection.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
-
-    try:
-        from phalanx.config import TrainConfig
-        from phalanx.envs.registry import register_env
-
-        torch.set_num_threads(payload["threads"])
-        for env_id, factory in payload["envs"].items():  # ids the trainer's caller registered
-            register_env(env_id, factory, overwrite=True)
-        config = TrainConfig.from_dict(payload["config"], where="the evaluation process's config")
-        evaluator = CopiesEvaluator(config, payload["seed"])
-    except BaseException as error:
-        report_error(error)
-        return
-
-    arrived: list[tuple[int, bytes]] = []  # the (steps, copy) received and not yet taken, oldest first
-    closing = threading.Event()
-    changed = threading.Condition()
-
-    def receive() -> None:  # the thread that keeps the pipe drained while the main thread evaluates
-        try:
-            while True:
-                command, *arguments = connection.recv()
-                if command == "close":
-                    break
-                with changed:
-                    arrived.append((arguments[0], arguments[1]))
-                    changed.notify()
-        except (EOFError, OSError):  # the trainer is gone
-            pass
-        closing.set()
-        with changed:
-            changed.notify()
-
-    threading.Thread(target=receive, name="phalanx-evaluator-receive", daemon=True).start()
-    connection.send(("ready", evaluator.batch_limit))
-    parent = os.getppid()
-    try:
-        while not closing.is_set():
-            with changed:
-                if not arrived and not changed.wait(timeout=1.0):
-                    if os.getppid() != parent:  # the trainer is gone (a forked child holds both ends)
-                        break
-                    continue
-                taken = arrived[-evaluator.batch_limit :]
-                skipped = [steps for steps, _ in arrived[: -evaluator.batch_limit]]
-                arrived.clear()
-            try:
-                copies = [torch.load(io.BytesIO(data), weights_only=True) for _, data in taken]
-                evaluations = evaluator.evaluate(copies)
-            except Exception as error:
-                report_error(error)
-                continue
-            results = [
-                (steps, evaluation.returns, evaluation.lengths)
-                for (steps, _), evaluation in zip(taken, evaluations, strict=True)
-            ]
-            connection.send(("results", results, skipped))
-    finally:
-        evaluator.close()
 
 
 def _block_statistics(copies: list[dict[str, Any]]) -> dict[str, Tensor]:
