@@ -7,6 +7,7 @@ agent = phalanx.load_agent(result.run_dir)
 """
 
 import importlib
+import importlib.util
 import os
 from typing import Any
 
@@ -57,6 +58,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("phalanx.marl")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, e.g. phalanx.agent
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")
 
 
