@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -114,6 +113,7 @@ class MADDPG(MultiAgentAlgorithm):
     on_policy = False
     action_kinds = ("continuous",)
     config: MADDPGConfig
+    extra_state = ("updates",)
 
     # The K target critics reduce as in single-agent DDPG/TD3/REDQ (dim 0 of (K, B, A_g) here).
     reduce_critics = EnsembleCriticAlgorithm.reduce_critics
@@ -240,27 +240,6 @@ class MADDPG(MultiAgentAlgorithm):
             self.critic_polyak.update(config.tau)
             metrics["actor_loss"] = actor_loss.detach()
         return metrics
-
-    # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "actor_target": self.actor_target.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "updates": self.updates,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.actor_target.load_state_dict(state["actor_target"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.updates = int(state["updates"])
 
 
 @register_algorithm
