@@ -171,6 +171,14 @@ class Algorithm:
             clip_grad_norm(grads, max_grad_norm)
         optimizer.step()
 
+    def minimise(
+        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None
+    ) -> None:
+        """One gradient step of ``optimizer`` on ``loss``: fresh gradients, then :meth:`optimizer_step`."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer_step(optimizer, max_grad_norm)
+
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimiser the algorithm holds, by name (``Trainer.adopt`` sets their learning rates)."""
         return {name: value for name, value in vars(self).items() if isinstance(value, torch.optim.Optimizer)}

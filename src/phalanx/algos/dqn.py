@@ -192,9 +192,7 @@ class DQN(OffPolicyAlgorithm):
         q_values = self.q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
         loss = F.smooth_l1_loss(q_values, targets)
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer_step(self.optimizer, config.max_grad_norm)
+        self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.q_polyak.update(config.tau)

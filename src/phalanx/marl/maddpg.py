@@ -218,9 +218,7 @@ class MADDPG(MultiAgentAlgorithm):
             q_values = self.q_values(self.critic, name, batch.state, joint)  # (K, B, A_g)
             critic_loss = critic_loss + (q_values - targets[name]).pow(2).mean(dim=(1, 2)).sum()
             q_sum = q_sum + q_values.detach().mean()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.optimizer_step(self.critic_optimizer)
+        self.minimise(critic_loss, self.critic_optimizer)
         self.updates += 1
 
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_sum / len(groups)}
@@ -232,9 +230,7 @@ class MADDPG(MultiAgentAlgorithm):
                 # agent a's own action from its actor, everyone else's from the batch: (B, A_g, joint_dim)
                 joint_own = self.with_own_actions(batch.actions, name, own_actions[name])
                 actor_loss = actor_loss - self.q_values(self.critic, name, batch.state, joint_own).mean()
-            self.actor_optimizer.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.optimizer_step(self.actor_optimizer)
+            self.minimise(actor_loss, self.actor_optimizer)
             self.set_critic_grad(True)
             self.actor_polyak.update(config.tau)
             self.critic_polyak.update(config.tau)

@@ -276,9 +276,7 @@ class QMIX(MultiAgentAlgorithm):
             q_tot_means.append(q_tot.detach().mean())
             target_means.append(targets.mean())
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer_step(self.optimizer, config.max_grad_norm)
+        self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.polyak.update(config.tau)
