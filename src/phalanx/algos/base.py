@@ -110,12 +110,12 @@ class Algorithm:
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]]
     on_policy: ClassVar[bool]
-    action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
-    multi_agent: ClassVar[bool] = False
-    """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
     extra_state: ClassVar[tuple[str, ...]] = ()
     """Attributes a checkpoint holds beside the networks and optimisers: counters, tensors (SAC's
     ``log_alpha``); see :meth:`state_dict`."""
+    action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
+    multi_agent: ClassVar[bool] = False
+    """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
     trainer_class: ClassVar[type | None] = None
     """The Trainer subclass that runs it (None: ``phalanx.train.trainer.Trainer``)."""
     agent_class: ClassVar[type | None] = None
