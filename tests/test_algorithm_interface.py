@@ -10,11 +10,36 @@ import numpy as np
 import pytest
 import torch
 
-import phalanx.marl  # noqa: F401 - registers the multi-agent algorithms
-from phalanx.algos import algorithm_names, get_algorithm
 from phalanx.algos.base import Algorithm, ExplorationPolicy
+from phalanx.algos.ddpg import DDPG
+from phalanx.algos.dqn import D3QN, DQN, DoubleDQN, DuelingDQN
+from phalanx.algos.ppo import A2C, PPO
+from phalanx.algos.sac import REDQ, SAC
+from phalanx.algos.td3 import TD3
 from phalanx.marl.base import MultiAgentSpec
 from phalanx.marl.core import AgentGroup
+from phalanx.marl.maddpg import MADDPG, MATD3
+from phalanx.marl.mappo import IPPO, MAPPO
+from phalanx.marl.qmix import QMIX, VDN
+
+ALGORITHMS = [
+    PPO,
+    A2C,
+    DQN,
+    DoubleDQN,
+    DuelingDQN,
+    D3QN,
+    DDPG,
+    TD3,
+    SAC,
+    REDQ,
+    MAPPO,
+    IPPO,
+    QMIX,
+    VDN,
+    MADDPG,
+    MATD3,
+]
 
 ENSEMBLE_CRITIC = {"actor", "critic", "critic_target", "actor_optimizer", "critic_optimizer", "updates"}
 CHECKPOINT_KEYS = {
@@ -38,7 +63,7 @@ CHECKPOINT_KEYS |= {name: CHECKPOINT_KEYS["dqn"] for name in ("double-dqn", "due
 def build(name: str, seed: int) -> Algorithm:
     """``name`` on small spaces: a team of two agents for the multi-agent algorithms."""
     torch.manual_seed(seed)
-    cls = get_algorithm(name)
+    cls = next(algorithm for algorithm in ALGORITHMS if algorithm.name == name)
     discrete = gym.spaces.Discrete in cls.action_spaces and name not in ("ppo", "a2c")
     if cls.multi_agent:
         discrete = "discrete" in cls.action_kinds and "continuous" not in cls.action_kinds
@@ -68,7 +93,7 @@ def same(a, b) -> bool:
 
 
 def test_every_algorithm_is_covered():
-    assert set(algorithm_names()) == set(CHECKPOINT_KEYS)
+    assert {algorithm.name for algorithm in ALGORITHMS} == set(CHECKPOINT_KEYS)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINT_KEYS))
