@@ -116,7 +116,7 @@ def test_explore_follows_dqns_epsilon_schedule():
     greedy = qmix.act(obs)["agent"]
     for steps, epsilon in ((0, 1.0), (500, 0.55), (5000, 0.1)):
         actions = qmix.explore(obs, state, None, steps)["agent"]
-        assert qmix.exploration[0] == pytest.approx(epsilon)
+        assert qmix.epsilon == pytest.approx(epsilon)
         # a random action is the greedy one with probability 1/5
         off_greedy = (actions != greedy).float().mean().item()
         assert off_greedy == pytest.approx(epsilon * 4 / 5, abs=0.03)

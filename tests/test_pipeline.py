@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import threading
+from copy import deepcopy
 
 import pytest
 import torch
@@ -217,23 +218,23 @@ def test_bad_pipeline_settings_are_refused(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
-def test_the_acting_copy_follows_the_learner_only_when_synced(tmp_path):
+def test_a_copy_of_the_exploration_policy_follows_the_learner_only_when_synced(tmp_path):
     trainer = Trainer(config(tmp_path, "copy"), show_progress=False)
     try:
         algorithm = trainer.algorithm
-        copy = algorithm.acting_copy()
+        copy = deepcopy(algorithm.exploration_policy())
         obs = torch.randn(4, 3)
         torch.manual_seed(0)
-        before = copy.explore(obs, 0)
+        before = copy(obs, 0)
         with torch.no_grad():
-            for tensor in algorithm.acting_tensors():
+            for tensor in algorithm.exploration_policy().tensors():
                 tensor.add_(0.5)
         torch.manual_seed(0)
-        assert torch.equal(copy.explore(obs, 0), before)  # its own networks
-        torch._foreach_copy_(copy.acting_tensors(), algorithm.acting_tensors())
+        assert torch.equal(copy(obs, 0), before)  # its own networks
+        torch._foreach_copy_(copy.tensors(), algorithm.exploration_policy().tensors())
         torch.manual_seed(0)
         expected = algorithm.explore(obs, 0)
         torch.manual_seed(0)
-        assert torch.equal(copy.explore(obs, 0), expected)
+        assert torch.equal(copy(obs, 0), expected)
     finally:
         trainer.close()

@@ -5,15 +5,19 @@ networks and optimisers and exposes:
 
 - ``act(obs, deterministic)``: actions in the normalised action space ([-1, 1] for Box), for
   evaluation and deployment;
+- ``explore``: actions for collection, one signature per kind (:class:`OnPolicy`, :class:`OffPolicy`);
+  an off-policy algorithm explores with an :class:`ExplorationPolicy`, a module the pipeline's worker
+  thread copies and refreshes by its tensors;
 - ``update(batch, progress) -> metrics``: one learning step on collected data; ``progress`` in [0, 1]
   is the fraction of the training budget spent (for schedules); metrics are scalar tensors, read on
   the host only when they are logged;
-- ``state_dict()`` / ``load_state_dict()``: networks and optimiser state, tensors and primitives only.
+- ``state_dict()`` / ``load_state_dict()``: built here from the networks and optimisers the algorithm
+  holds (:meth:`Algorithm.state_entries`) and its :attr:`Algorithm.extra_state`; tensors and primitives
+  only.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -33,6 +37,62 @@ class GradientGroup(Protocol):
         """Replace each tensor, in place, by its mean over the learners (identical on every learner)."""
 
 
+class OnPolicy(Protocol):
+    """An on-policy algorithm as the worker and the trainer use it (PPO, A2C)."""
+
+    device: torch.device
+
+    def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled actions of a (N, obs_dim) batch with their log-probabilities and values, each (N, ...)."""
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor: ...
+
+    def update(self, rollout: Any, progress: float) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class OffPolicy(Protocol):
+    """An off-policy algorithm as the worker, the pipeline and the trainer use it (DQN, DDPG, TD3, SAC)."""
+
+    device: torch.device
+
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        """Collection actions of a (N, obs_dim) batch; ``steps``: env steps so far (for schedules)."""
+
+    def exploration_policy(self) -> ExplorationPolicy:
+        """The module :meth:`explore` acts with (the pipeline's worker thread acts with a copy)."""
+
+    def random_actions(self, num_envs: int) -> torch.Tensor: ...
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor: ...
+
+    def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ExplorationPolicy(nn.Module):
+    """Collection actions as a module: ``forward(obs, steps) -> actions`` in the normalised action space.
+
+    It holds (shares) the algorithm's acting networks, so that a deep copy acts with its own copies of
+    them, brought up to date by copying :meth:`tensors` (the pipeline's worker thread). Its schedules
+    (DQN's epsilon) are plain values set by :meth:`advance_to`.
+    """
+
+    def advance_to(self, steps: int) -> None:
+        """Move the exploration schedules to ``steps`` env steps. ``forward`` does; the pipeline calls it
+        on the learner's policy for each step a copy acted on, so the learner logs the value it acted with."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Parameters and buffers, in a fixed order (those of a deep copy match them one to one)."""
+        return [tensor.data for tensor in self.parameters()] + list(self.buffers())
+
+
 class SideBySide:
     """k agents as one actor: agent i acts on its own block of ``len(obs) / k`` rows."""
 
@@ -50,6 +110,9 @@ class Algorithm:
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]]
     on_policy: ClassVar[bool]
+    extra_state: ClassVar[tuple[str, ...]] = ()
+    """Attributes a checkpoint holds beside the networks and optimisers: counters, tensors (SAC's
+    ``log_alpha``); see :meth:`state_dict`."""
     action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
     multi_agent: ClassVar[bool] = False
     """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
@@ -104,6 +167,14 @@ class Algorithm:
             clip_grad_norm(grads, max_grad_norm)
         optimizer.step()
 
+    def minimise(
+        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None
+    ) -> None:
+        """One gradient step of ``optimizer`` on ``loss``: fresh gradients, then :meth:`optimizer_step`."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer_step(optimizer, max_grad_norm)
+
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimiser the algorithm holds, by name (``Trainer.adopt`` sets their learning rates)."""
         return {name: value for name, value in vars(self).items() if isinstance(value, torch.optim.Optimizer)}
@@ -111,11 +182,51 @@ class Algorithm:
     def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def state_entries(self) -> dict[str, Any]:
+        """What a checkpoint holds of the algorithm besides :attr:`extra_state`, by key: every network
+        and optimiser it holds as an attribute, under the attribute's name (exploration policies share
+        networks held elsewhere, so they are left out). A subclass whose networks sit in containers
+        returns them here (values with ``state_dict`` / ``load_state_dict``, or dicts of them)."""
+        stateful = (nn.Module, torch.optim.Optimizer)
+        return {
+            name: value
+            for name, value in vars(self).items()
+            if isinstance(value, stateful) and not isinstance(value, ExplorationPolicy)
+        }
+
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The state dicts of :meth:`state_entries`, then the :attr:`extra_state` attributes."""
+        state = _state_dicts(self.state_entries())
+        for name in self.extra_state:
+            value = getattr(self, name)
+            state[name] = value.detach().clone() if isinstance(value, torch.Tensor) else value
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Restore what :meth:`state_dict` returned (tensors of :attr:`extra_state` are copied in place)."""
+        _load_state_dicts(self.state_entries(), state)
+        for name in self.extra_state:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                with torch.no_grad():
+                    value.copy_(state[name])
+            else:
+                setattr(self, name, state[name])
+
+
+def _state_dicts(entries: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: _state_dicts(value) if isinstance(value, dict) else value.state_dict()
+        for key, value in entries.items()
+    }
+
+
+def _load_state_dicts(entries: dict[str, Any], state: dict[str, Any]) -> None:
+    for key, value in entries.items():
+        if isinstance(value, dict):
+            _load_state_dicts(value, state[key])
+        else:
+            value.load_state_dict(state[key])
 
 
 @dataclass
@@ -195,36 +306,18 @@ class PolyakPair:
 
 
 class OffPolicyAlgorithm(Algorithm):
-    """Replay-based: ``explore(obs, steps)`` picks collection actions (``steps``: env steps so far, for
-    exploration schedules); ``update`` takes a sampled ReplayBatch."""
+    """Replay-based (:class:`OffPolicy`): :meth:`explore` acts with :meth:`exploration_policy`; ``update``
+    takes a sampled ReplayBatch."""
 
     on_policy = False
     config: OffPolicyConfig
-    acting_modules: ClassVar[tuple[str, ...]] = ("actor",)
-    """The networks that :meth:`explore` reads (the pipeline's worker acts with copies of them)."""
+    extra_state = ("updates",)
 
-    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+    def exploration_policy(self) -> ExplorationPolicy:
         raise NotImplementedError
 
-    def acting_copy(self) -> OffPolicyAlgorithm:
-        """A copy that explores with its own copies of :attr:`acting_modules` and shares the rest.
-
-        The pipeline's worker thread acts with it while the learner updates the originals;
-        :meth:`acting_tensors` of both, copied one onto the other, refresh it.
-        """
-        clone = copy.copy(self)
-        for name in self.acting_modules:
-            setattr(clone, name, copy.deepcopy(getattr(self, name)))
-        return clone
-
-    def acting_tensors(self) -> list[torch.Tensor]:
-        """Parameters and buffers of :attr:`acting_modules`, in a fixed order."""
-        tensors: list[torch.Tensor] = []
-        for name in self.acting_modules:
-            module = getattr(self, name)
-            tensors += [tensor.data for tensor in module.parameters()]
-            tensors += list(module.buffers())
-        return tensors
+    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        return self.exploration_policy()(obs, steps)
 
     def random_actions(self, num_envs: int) -> torch.Tensor:
         """Uniform actions for the warm-up, in the normalised action space."""

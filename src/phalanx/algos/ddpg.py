@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import torch
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
+from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
@@ -173,24 +172,19 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
     def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
         """Hook after each actor step (SAC tunes its temperature here)."""
 
-    # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "updates": self.updates,
-        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.updates = state["updates"]
+class GaussianExploration(ExplorationPolicy):
+    """DDPG's exploration: the deterministic actor's action plus Gaussian noise, clipped to [-1, 1]."""
+
+    def __init__(self, actor: nn.Module, noise: float) -> None:
+        super().__init__()
+        self.actor = actor
+        self.noise = noise
+
+    @torch.no_grad()
+    def forward(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        actions = self.actor(obs)
+        return (actions + self.noise * torch.randn_like(actions)).clamp(-1.0, 1.0)
 
 
 class DDPG(EnsembleCriticAlgorithm):
@@ -204,6 +198,7 @@ class DDPG(EnsembleCriticAlgorithm):
         super().__init__(config, observation_space, action_space, device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.actor_polyak = PolyakPair(self.actor_target, self.actor)
+        self.exploration = GaussianExploration(self.actor, config.exploration_noise)
 
     def make_actor(self) -> nn.Module:
         config = self.config
@@ -215,10 +210,8 @@ class DDPG(EnsembleCriticAlgorithm):
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor(obs)
 
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
-        actions = self.actor(obs)
-        return (actions + self.config.exploration_noise * torch.randn_like(actions)).clamp(-1.0, 1.0)
+    def exploration_policy(self) -> GaussianExploration:
+        return self.exploration
 
     def next_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
         return self.actor_target(next_obs)
@@ -233,10 +226,3 @@ class DDPG(EnsembleCriticAlgorithm):
     def update_targets(self) -> None:
         super().update_targets()
         self.actor_polyak.update(self.config.tau)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "actor_target": self.actor_target.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.actor_target.load_state_dict(state["actor_target"])

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
+from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim
@@ -111,10 +110,48 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
 
 
+class EpsilonSchedule:
+    """Epsilon after ``steps`` env steps: linear from ``exploration_initial`` to ``exploration_final``
+    over ``exploration_steps``, then constant (absolute steps, so a resume keeps the schedule)."""
+
+    def __init__(self, config: DQNConfig) -> None:
+        self.initial = config.exploration_initial
+        self.final = config.exploration_final
+        self.steps = config.exploration_steps
+
+    def __call__(self, steps: int) -> float:
+        fraction = min(steps / self.steps, 1.0)
+        return self.initial + fraction * (self.final - self.initial)
+
+
+class EpsilonGreedy(ExplorationPolicy):
+    """DQN's exploration: the greedy action of ``q_network``, or with probability epsilon a uniform one.
+
+    ``epsilon`` is the value of the last step it acted on (:meth:`advance_to`), a plain float.
+    """
+
+    def __init__(self, q_network: nn.Module, num_actions: int, schedule: EpsilonSchedule) -> None:
+        super().__init__()
+        self.q_network = q_network
+        self.num_actions = num_actions
+        self.schedule = schedule
+        self.epsilon = schedule(0)
+
+    def advance_to(self, steps: int) -> None:
+        self.epsilon = self.schedule(steps)
+
+    @torch.no_grad()
+    def forward(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        self.advance_to(steps)
+        greedy = self.q_network(obs).argmax(dim=1)  # (N,)
+        random = torch.randint(self.num_actions, greedy.shape, device=obs.device)
+        explore = torch.rand(greedy.shape, device=obs.device) < self.epsilon
+        return torch.where(explore, random, greedy)
+
+
 class DQN(OffPolicyAlgorithm):
     name = "dqn"
     config_class = DQNConfig
-    acting_modules = ("q_network",)
     action_spaces = (gym.spaces.Discrete,)
     config: DQNConfig
 
@@ -133,21 +170,10 @@ class DQN(OffPolicyAlgorithm):
         self.q_polyak = PolyakPair(self.q_target, self.q_network)
         self.optimizer = make_adam(self.q_parameters, lr=config.learning_rate)
         self.updates = 0
-        # A list, so that the pipeline's acting copy (a shallow copy) and this object share it.
-        self.exploration = [config.exploration_initial]  # epsilon of the last explore()
+        self.exploration = EpsilonGreedy(self.q_network, self.num_actions, EpsilonSchedule(config))
 
-    def epsilon(self, steps: int) -> float:
-        config = self.config
-        fraction = min(steps / config.exploration_steps, 1.0)
-        return config.exploration_initial + fraction * (config.exploration_final - config.exploration_initial)
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
-        epsilon = self.exploration[0] = self.epsilon(steps)
-        greedy = self.q_network(obs).argmax(dim=1)  # (N,)
-        random = torch.randint(self.num_actions, greedy.shape, device=self.device)
-        explore = torch.rand(greedy.shape, device=self.device) < epsilon
-        return torch.where(explore, random, greedy)
+    def exploration_policy(self) -> EpsilonGreedy:
+        return self.exploration
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
@@ -166,31 +192,15 @@ class DQN(OffPolicyAlgorithm):
         q_values = self.q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
         loss = F.smooth_l1_loss(q_values, targets)
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer_step(self.optimizer, config.max_grad_norm)
+        self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.q_polyak.update(config.tau)
         return {
             "q_loss": loss.detach(),
             "q_mean": q_values.detach().mean(),
-            "epsilon": torch.tensor(self.exploration[0]),
+            "epsilon": torch.tensor(self.exploration.epsilon),
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "q_network": self.q_network.state_dict(),
-            "q_target": self.q_target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "updates": self.updates,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q_network.load_state_dict(state["q_network"])
-        self.q_target.load_state_dict(state["q_target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = state["updates"]
 
 
 class DoubleDQN(DQN):

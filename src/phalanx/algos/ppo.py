@@ -15,7 +15,6 @@ A2C is the same machinery with one full-batch pass, the plain policy-gradient lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import torch
@@ -302,19 +301,6 @@ class PPO(Algorithm):
             approx_kl = approx_kl.reshape(1).clone()
             self.group.average([approx_kl])
         return bool(approx_kl > target)  # one host sync per epoch, only if target_kl is set
-
-    # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy.state_dict(),
-            "value": self.value.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.value.load_state_dict(state["value"])
-        self.optimizer.load_state_dict(state["optimizer"])
 
 
 class A2C(PPO):

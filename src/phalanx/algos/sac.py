@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.algos.base import ExplorationPolicy
 from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
 from phalanx.config import TrainConfig, check
 from phalanx.nets import mlp
@@ -94,10 +94,23 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(self(obs)[0])
 
 
+class SampledExploration(ExplorationPolicy):
+    """SAC's exploration: an action sampled from the squashed Gaussian actor."""
+
+    def __init__(self, actor: SquashedGaussianActor) -> None:
+        super().__init__()
+        self.actor = actor
+
+    @torch.no_grad()
+    def forward(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
+        return self.actor.sample_action(obs)
+
+
 class SAC(EnsembleCriticAlgorithm):
     name = "sac"
     config_class = SACConfig
     config: SACConfig
+    extra_state = ("updates", "log_alpha")
 
     def __init__(self, config: SACConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
@@ -108,6 +121,7 @@ class SAC(EnsembleCriticAlgorithm):
         self.target_entropy = (
             -float(self.action_dim) if config.target_entropy is None else config.target_entropy
         )
+        self.exploration = SampledExploration(self.actor)
 
     def make_actor(self) -> nn.Module:
         return SquashedGaussianActor(
@@ -122,9 +136,8 @@ class SAC(EnsembleCriticAlgorithm):
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor.deterministic(obs) if deterministic else self.actor.sample_action(obs)
 
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
-        return self.actor.sample_action(obs)
+    def exploration_policy(self) -> SampledExploration:
+        return self.exploration
 
     def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
         next_actions, next_log_probs = self.actor.sample(next_obs)
@@ -145,19 +158,6 @@ class SAC(EnsembleCriticAlgorithm):
             self.log_alpha.grad = -(log_probs.mean() + self.target_entropy)
             self.optimizer_step(self.alpha_optimizer)
         actor_metrics["alpha"] = self.alpha
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(),
-            "alpha_optimizer": self.alpha_optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
 
 
 class REDQ(SAC):

@@ -6,26 +6,17 @@ networks). It sees only the :class:`MultiAgentSpec` (the groups' spaces and the 
 the env. Per-agent arrays are dicts ``{group: (..., A_g, ...)}`` as in the env contract; Box actions
 are in the normalised space [-1, 1] and the worker rescales them to the env's bounds.
 
-On-policy (MAPPO, IPPO):
-
-- ``explore(obs, state, action_mask) -> (actions, log_probs, values)``, each a dict per group
-  (``log_probs``, ``values``: ``(N, A_g)``);
-- ``update(rollout: MultiAgentRollout, progress) -> metrics``.
-
-Off-policy (MADDPG, MATD3, QMIX, VDN):
-
-- ``explore(obs, state, action_mask, steps) -> actions`` (``steps``: env steps so far, for schedules);
-- ``random_actions(num_envs, action_mask) -> actions`` for the warm-up;
-- ``update(batch: MultiAgentBatch, progress) -> metrics``.
-
-Both: ``act(obs, action_mask=None, deterministic=True) -> actions`` for evaluation and deployment
-(decentralised execution: each agent acts on its own observation), ``state_dict`` / ``load_state_dict``.
+On-policy (MAPPO, IPPO) and off-policy (MADDPG, MATD3, QMIX, VDN) algorithms are what
+:class:`MultiAgentOnPolicy` and :class:`MultiAgentOffPolicy` say, the multi-agent forms of
+:class:`phalanx.algos.base.OnPolicy` and :class:`~phalanx.algos.base.OffPolicy`. Both ``act`` for
+evaluation and deployment (decentralised execution: each agent acts on its own observation); their
+``state_dict`` / ``load_state_dict`` are :class:`~phalanx.algos.base.Algorithm`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -92,6 +83,35 @@ def _space_dict(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"kind": "discrete", "n": int(space.n)}
     return {"kind": "box", "low": space.low.tolist(), "high": space.high.tolist()}
+
+
+class MultiAgentOnPolicy(Protocol):
+    """A multi-agent on-policy algorithm as the multi-agent worker uses it (MAPPO, IPPO)."""
+
+    def explore(
+        self, obs: Groups, state: Tensor, action_mask: Groups | None = None
+    ) -> tuple[Groups, Groups, Groups]:
+        """Sampled actions, their log-probabilities and values, each a dict per group (``(N, A_g, ...)``)."""
+
+    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups: ...
+
+    def update(self, rollout: Any, progress: float) -> dict[str, Tensor]:
+        """One learning step on a ``MultiAgentRollout``."""
+
+
+class MultiAgentOffPolicy(Protocol):
+    """A multi-agent off-policy algorithm as the multi-agent worker uses it (MADDPG, MATD3, QMIX, VDN)."""
+
+    def explore(self, obs: Groups, state: Tensor, action_mask: Groups | None, steps: int) -> Groups:
+        """Collection actions per group; ``steps``: env steps so far (for schedules)."""
+
+    def random_actions(self, num_envs: int, action_mask: Groups | None = None) -> Groups:
+        """Uniform actions per group for the warm-up (among the allowed ones where masked)."""
+
+    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups: ...
+
+    def update(self, batch: Any, progress: float) -> dict[str, Tensor]:
+        """One learning step on a sampled ``MultiAgentBatch``."""
 
 
 class MultiAgentAlgorithm(Algorithm):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -112,6 +111,7 @@ class MADDPG(MultiAgentAlgorithm):
     on_policy = False
     action_kinds = ("continuous",)
     config: MADDPGConfig
+    extra_state = ("updates",)
 
     # The K target critics reduce as in single-agent DDPG/TD3/REDQ (dim 0 of (K, B, A_g) here).
     reduce_critics = EnsembleCriticAlgorithm.reduce_critics
@@ -216,9 +216,7 @@ class MADDPG(MultiAgentAlgorithm):
             q_values = self.q_values(self.critic, name, batch.state, joint)  # (K, B, A_g)
             critic_loss = critic_loss + (q_values - targets[name]).pow(2).mean(dim=(1, 2)).sum()
             q_sum = q_sum + q_values.detach().mean()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.optimizer_step(self.critic_optimizer)
+        self.minimise(critic_loss, self.critic_optimizer)
         self.updates += 1
 
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_sum / len(groups)}
@@ -230,35 +228,12 @@ class MADDPG(MultiAgentAlgorithm):
                 # agent a's own action from its actor, everyone else's from the batch: (B, A_g, joint_dim)
                 joint_own = self.with_own_actions(batch.actions, name, own_actions[name])
                 actor_loss = actor_loss - self.q_values(self.critic, name, batch.state, joint_own).mean()
-            self.actor_optimizer.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.optimizer_step(self.actor_optimizer)
+            self.minimise(actor_loss, self.actor_optimizer)
             self.set_critic_grad(True)
             self.actor_polyak.update(config.tau)
             self.critic_polyak.update(config.tau)
             metrics["actor_loss"] = actor_loss.detach()
         return metrics
-
-    # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "actor_target": self.actor_target.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "updates": self.updates,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.actor_target.load_state_dict(state["actor_target"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.updates = int(state["updates"])
 
 
 class MATD3(MADDPG):

@@ -223,12 +223,9 @@ class MAPPO(MultiAgentAlgorithm):
             for name, optimizer in unit.ppo.optimizers().items()
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return {unit.key: unit.ppo.state_dict() for unit in self.units}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for unit in self.units:
-            unit.ppo.load_state_dict(state[unit.key])
+    def state_entries(self) -> dict[str, Any]:
+        """Each unit's PPO, under the unit's key."""
+        return {unit.key: unit.ppo for unit in self.units}
 
 
 class IPPO(MAPPO):

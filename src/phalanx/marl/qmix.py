@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algos.base import PolyakPair
-from phalanx.algos.dqn import DQN, DQNConfig, QNetwork
+from phalanx.algos.dqn import DQNConfig, EpsilonSchedule, QNetwork
 from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
 from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, agent_id_dim, with_agent_ids
@@ -189,8 +189,7 @@ class QMIX(MultiAgentAlgorithm):
     on_policy = False
     action_kinds = ("discrete",)
     config: QMIXConfig  # VDN: VDNConfig
-
-    epsilon = DQN.epsilon  # DQN's linear schedule: epsilon after ``steps`` env steps
+    extra_state = ("updates",)
 
     def __init__(self, config: ValueDecompositionConfig, spec: MultiAgentSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
@@ -209,8 +208,8 @@ class QMIX(MultiAgentAlgorithm):
         )
         self.optimizer = make_adam(list(online.parameters()), lr=config.learning_rate)
         self.updates = 0
-        # A list, so that an acting copy (a shallow copy) and this object share it, as in DQN.
-        self.exploration = [config.exploration_initial]  # epsilon of the last explore()
+        self.schedule = EpsilonSchedule(config)  # DQN's
+        self.epsilon = self.schedule(0)  # of the last explore()
 
     def make_mixer(self, num_agents: int, state_dim: int) -> nn.Module:
         """The mixer of a group of ``num_agents`` agents: ``(agent_q (B, A), state (B, S)) -> Q_tot (B,)``."""
@@ -221,7 +220,7 @@ class QMIX(MultiAgentAlgorithm):
     @torch.no_grad()
     def explore(self, obs: Groups, state: Tensor, action_mask: Groups | None, steps: int) -> Groups:
         """Epsilon-greedy actions ``(N, A_g)`` per group; epsilon follows DQN's schedule over ``steps``."""
-        epsilon = self.exploration[0] = self.epsilon(steps)
+        epsilon = self.epsilon = self.schedule(steps)
         greedy = self.act(obs, action_mask)
         random = self.random_actions(next(iter(obs.values())).shape[0], action_mask)
         actions: Groups = {}
@@ -275,9 +274,7 @@ class QMIX(MultiAgentAlgorithm):
             q_tot_means.append(q_tot.detach().mean())
             target_means.append(targets.mean())
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer_step(self.optimizer, config.max_grad_norm)
+        self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.polyak.update(config.tau)
@@ -285,23 +282,23 @@ class QMIX(MultiAgentAlgorithm):
             "td_loss": loss.detach(),
             "q_tot": torch.stack(q_tot_means).mean(),
             "target": torch.stack(target_means).mean(),
-            "epsilon": torch.tensor(self.exploration[0]),
+            "epsilon": torch.tensor(self.epsilon),
         }
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_entries(self) -> dict[str, Any]:
+        """Per group its networks and their targets, then the one optimiser."""
         return {
             "groups": {
                 name: {
-                    "q_network": self.q_networks[name].state_dict(),
-                    "mixer": self.mixers[name].state_dict(),
-                    "q_target": self.q_targets[name].state_dict(),
-                    "mixer_target": self.mixer_targets[name].state_dict(),
+                    "q_network": self.q_networks[name],
+                    "mixer": self.mixers[name],
+                    "q_target": self.q_targets[name],
+                    "mixer_target": self.mixer_targets[name],
                 }
                 for name in self.spec.groups
             },
-            "optimizer": self.optimizer.state_dict(),
-            "updates": self.updates,
+            "optimizer": self.optimizer,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -310,14 +307,7 @@ class QMIX(MultiAgentAlgorithm):
                 f"{self.name} checkpoint holds the agent groups {sorted(state['groups'])}, but this env has "
                 f"{sorted(self.spec.groups)}; load it with the env it was trained on."
             )
-        for name in self.spec.groups:
-            group = state["groups"][name]
-            self.q_networks[name].load_state_dict(group["q_network"])
-            self.mixers[name].load_state_dict(group["mixer"])
-            self.q_targets[name].load_state_dict(group["q_target"])
-            self.mixer_targets[name].load_state_dict(group["mixer_target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = state["updates"]
+        super().load_state_dict(state)
 
 
 class VDN(QMIX):

@@ -4,14 +4,15 @@
 learner makes the previous step's updates, see ``Trainer.process_pipelined_iteration``. This module is
 the pipeline for every other env: batched envs on a device, envs stepped in this process.)
 
-Producer and consumer. The worker thread acts with its own copy of the policy's networks (on CUDA, on
-its own stream) and puts each VecEnv step into a bounded queue; the learner (the trainer's thread)
-takes the steps out in order, stores them in the replay buffer and makes exactly the updates the
-synchronous loop would make after them. So a pipelined run takes the same env steps and the same
-number of updates as a synchronous one; what changes is that the envs step while the learner
-computes, and that the policy acting may be a few updates old:
+Producer and consumer. The worker thread acts with its own copy of the algorithm's exploration policy
+(a module, ``OffPolicy.exploration_policy()``; on CUDA, on its own stream) and puts each VecEnv step
+into a bounded queue; the learner (the trainer's thread) takes the steps out in order, stores them in
+the replay buffer and makes exactly the updates the synchronous loop would make after them. So a
+pipelined run takes the same env steps and the same number of updates as a synchronous one; what
+changes is that the envs step while the learner computes, and that the policy acting may be a few
+updates old:
 
-- every ``sync_every`` updates the learner copies its acting networks into a spare copy, which the
+- every ``sync_every`` updates the learner copies its policy's tensors into a spare copy, which the
   worker swaps in before its next step;
 - the worker runs at most ``queue_size`` VecEnv steps ahead of the learner (then ``put`` blocks).
 
@@ -33,6 +34,7 @@ an order set by the thread scheduler.
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import threading
 import traceback
@@ -41,7 +43,7 @@ from typing import Any
 
 import torch
 
-from phalanx.algos.base import OffPolicyAlgorithm
+from phalanx.algos.base import OffPolicy
 from phalanx.train.worker import Transition, Worker
 
 _POLL_S = 0.1  # how often a blocked put / get looks whether the other side stopped
@@ -57,6 +59,7 @@ class Step:
 
     transition: Transition
     version: int  # learner updates when the weights that acted were copied
+    steps: int  # env steps made before it (what the policy acted on, for its schedules)
     ready: Any = None  # CUDA: an event recorded on the worker's stream after the step
 
 
@@ -76,7 +79,7 @@ class Pipeline:
 
     Args:
         worker: the run's worker; only the thread steps its env while the pipeline runs.
-        algorithm: the learner's algorithm; the thread acts with copies of its acting networks.
+        algorithm: the learner's algorithm; the thread acts with copies of its exploration policy.
         queue_size: VecEnv steps the worker may run ahead of the learner (>= 1).
         sync_every: learner updates between weight copies to the worker (>= 1).
         steps: env steps made so far (the run's ``steps``; > 0 on resume).
@@ -90,7 +93,7 @@ class Pipeline:
     def __init__(
         self,
         worker: Worker,
-        algorithm: OffPolicyAlgorithm,
+        algorithm: OffPolicy,
         queue_size: int,
         sync_every: int,
         steps: int,
@@ -107,9 +110,10 @@ class Pipeline:
         self.learning_starts = learning_starts
         self.produced = steps  # env steps the worker has made (the learner's count trails it)
         self.device = algorithm.device
-        self._source = algorithm.acting_tensors()
-        self._acting = algorithm.acting_copy()  # the worker's
-        self._spare = algorithm.acting_copy()  # the learner copies into it; the worker swaps it in
+        self.policy = algorithm.exploration_policy()  # the learner's
+        self._source = self.policy.tensors()
+        self._acting = copy.deepcopy(self.policy)  # the worker's
+        self._spare = copy.deepcopy(self.policy)  # the learner copies into it; the worker swaps it in
         self._acting_version = self._spare_version = updates
         self._spare_fresh = False
         self._spare_ready: Any = None
@@ -141,15 +145,16 @@ class Pipeline:
                         self._running.wait(_POLL_S)
                         continue
                     self._take_fresh_weights()
+                    made_at = self.produced
                     transition = self.worker.transition(
-                        self.produced, random=self.produced < self.learning_starts, policy=self._acting
+                        made_at, random=made_at < self.learning_starts, policy=self._acting
                     )
                     ready = None
                     if stream is not None:
                         ready = torch.cuda.Event()
                         ready.record(stream)
                     self.produced += self.steps_per_transition
-                    self._put(Step(transition, self._acting_version, ready))
+                    self._put(Step(transition, self._acting_version, made_at, ready))
             self._put(_FINISHED)
         except BaseException as error:  # noqa: BLE001 - reported to the learner's thread
             self._error = (error, traceback.format_exc())
@@ -203,8 +208,10 @@ class Pipeline:
                     f"the pipeline's worker thread failed while stepping the env ({env}): "
                     f"{type(error).__name__}: {error}\n--- worker thread traceback ---\n{trace}"
                 ) from error
-            if isinstance(item, Step) and item.ready is not None:
-                torch.cuda.current_stream().wait_event(item.ready)
+            if isinstance(item, Step):
+                if item.ready is not None:
+                    torch.cuda.current_stream().wait_event(item.ready)
+                self.policy.advance_to(item.steps)  # its schedules at the step the learner takes
             return item
 
     def after_update(self, updates: int) -> None:
@@ -212,7 +219,7 @@ class Pipeline:
         if updates % self.sync_every:
             return
         with self._swap, torch.no_grad():
-            torch._foreach_copy_(self._spare.acting_tensors(), self._source)
+            torch._foreach_copy_(self._spare.tensors(), self._source)
             self._spare_version = updates
             self._spare_fresh = True
             if self.device.type == "cuda":

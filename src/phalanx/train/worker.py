@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
 
@@ -55,8 +56,9 @@ class EpisodeLog:
 class Worker:
     """Steps a VecEnv with the algorithm's policy; keeps the current observation between calls.
 
-    On-policy it fills a rollout (:meth:`collect`); off-policy it adds one VecEnv step of N
-    transitions to the replay buffer at a time (:meth:`step`).
+    On-policy (:class:`~phalanx.algos.base.OnPolicy`) it fills a rollout (:meth:`collect`); off-policy
+    (:class:`~phalanx.algos.base.OffPolicy`) it adds one VecEnv step of N transitions to the replay
+    buffer at a time (:meth:`step`).
 
     Double buffering: when the env is a :class:`~phalanx.envs.core.ConcatVecEnv` of two halves (worker
     processes split with ``overlap``), the policy computes the actions of one half while the other
@@ -64,7 +66,7 @@ class Worker:
     current policy); only the order of the computations changes.
     """
 
-    def __init__(self, env: VecEnv, algorithm: Any) -> None:
+    def __init__(self, env: VecEnv, algorithm: OnPolicy | OffPolicy) -> None:
         self.env = env
         self.algorithm = algorithm
         self.obs: torch.Tensor | None = None
@@ -145,8 +147,9 @@ class Worker:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
         self.store(replay, self.transition(steps, random))
 
-    def transition(self, steps: int, random: bool, policy: Any | None = None) -> Transition:
-        """One step of every sub-env, acted on by ``policy`` (default: the algorithm); not yet stored.
+    def transition(self, steps: int, random: bool, policy: ExplorationPolicy | None = None) -> Transition:
+        """One step of every sub-env, acted on by ``policy`` (default: the algorithm's exploration
+        policy); not yet stored.
 
         The pipeline calls this from its worker thread with its own copy of the policy, and the
         learner's thread stores the result.
@@ -154,27 +157,26 @@ class Worker:
         if self.halves is not None and not random:  # the second half acts while the first steps
             if self.obs is None:
                 raise RuntimeError("Worker.transition called before Worker.reset")
-            policy = self.algorithm if policy is None else policy
+            explore = self.algorithm.explore if policy is None else policy
             first, second = self.halves
-            first_actions = policy.explore(self.obs[: first.num_envs], steps)
+            first_actions = explore(self.obs[: first.num_envs], steps)
             first.step_async(first_actions)
-            second_actions = policy.explore(self.obs[first.num_envs :], steps)
+            second_actions = explore(self.obs[first.num_envs :], steps)
             second.step_async(second_actions)
             self._sent = torch.cat([first_actions, second_actions])
             return self._received(concat_transitions([first.step_wait(), second.step_wait()]))
         self.send(steps, random, policy)
         return self.receive()
 
-    def send(self, steps: int, random: bool, policy: Any | None = None) -> None:
+    def send(self, steps: int, random: bool, policy: ExplorationPolicy | None = None) -> None:
         """Act on the last observations and start the env's step (:meth:`receive` ends it): an env in
         worker processes steps while this process does something else."""
         if self.obs is None:
             raise RuntimeError("Worker.send (or step, transition) called before Worker.reset")
-        policy = self.algorithm if policy is None else policy
         if random:
-            actions = policy.random_actions(self.env.num_envs)
+            actions = self.algorithm.random_actions(self.env.num_envs)
         else:
-            actions = policy.explore(self.obs, steps)
+            actions = (self.algorithm.explore if policy is None else policy)(self.obs, steps)
         self.env.step_async(actions)
         self._sent = actions
 
