@@ -235,6 +235,22 @@ def ratio_metrics(ratio: Tensor, log_ratio: Tensor, clip_range: Hyperparameter |
     return metrics
 
 
+def rollout_advantages(
+    rollout: RolloutBuffer, next_values: Tensor, gamma: Hyperparameter, gae_lambda: Hyperparameter
+) -> tuple[Tensor, Tensor]:
+    """GAE advantages and returns ``(T, N)`` of a rollout, from the value of every step's true next
+    observation ``(T, N)``; ``gamma`` and ``gae_lambda`` are floats, or ``(N,)`` tensors (one per row)."""
+    return compute_gae(
+        rollout.rewards,
+        rollout.values,
+        next_values,
+        rollout.terminated,
+        rollout.dones,
+        gamma,  # type: ignore[arg-type]  # a tensor broadcasts like a float
+        gae_lambda,  # type: ignore[arg-type]
+    )
+
+
 def _like(hyperparameter: Hyperparameter, samples: Tensor) -> Hyperparameter:
     """A tensor hyperparameter in the samples' dtype (a Python float is cast by the op itself)."""
     return hyperparameter.to(samples.dtype) if isinstance(hyperparameter, Tensor) else hyperparameter
@@ -310,15 +326,7 @@ class PPO(Algorithm):
         # 1-2. Advantages from the value of each step's true next observation (or global state).
         with torch.no_grad():
             next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
-        advantages, returns = compute_gae(
-            rollout.rewards,
-            rollout.values,
-            next_values,
-            rollout.terminated,
-            rollout.dones,
-            config.gamma,
-            config.gae_lambda,
-        )
+        advantages, returns = rollout_advantages(rollout, next_values, config.gamma, config.gae_lambda)
 
         obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
         # (T*N, critic_dim): the value function's input, obs itself or (centralised critic) the global state

@@ -55,8 +55,9 @@ from phalanx.algos.ppo import (
     ActorCriticHyperparameters,
     actor_critic_loss,
     ratio_metrics,
+    rollout_advantages,
 )
-from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.buffers import RolloutBuffer
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor, VecEnv, as_device, block_seeds
 from phalanx.envs.registry import make_env
@@ -795,14 +796,12 @@ class VectorizedPPO(VectorizedPopulation):
                 .transpose(0, 1)
                 .reshape_as(rollout.values)
             )
-        advantages, returns = compute_gae(
-            rollout.rewards,
-            rollout.values,
+        rows = self.num_envs  # the members' (P,) values, repeated for each of their rows
+        advantages, returns = rollout_advantages(
+            rollout,
             next_values,
-            rollout.terminated,
-            rollout.dones,
-            hp["gamma"].float().repeat_interleave(self.num_envs),  # type: ignore[arg-type]  # (P * N,)
-            hp["gae_lambda"].float().repeat_interleave(self.num_envs),  # type: ignore[arg-type]
+            hp["gamma"].float().repeat_interleave(rows),
+            hp["gae_lambda"].float().repeat_interleave(rows),
         )  # (T, P * N) each
         obs = self._by_member(rollout.obs)  # (P, T*N, obs_dim)
         actions = self._by_member(rollout.actions).to(obs.dtype)  # (P, T*N) or (P, T*N, A)
