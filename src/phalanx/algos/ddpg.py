@@ -121,6 +121,10 @@ class Draws:
         return torch.randperm(size, device=device)[:count]
 
 
+GLOBAL_DRAWS = Draws()
+"""The draws of every single run (the class holds no state)."""
+
+
 def q_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
     """Q of every critic: ``(K, B)`` for obs ``(B, obs_dim)``; ``(P, K, B)`` for obs ``(P, B, obs_dim)``
     and a critic of ``P * K`` members (member p's K critics see member p's rows)."""
@@ -234,7 +238,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
     config: EnsembleCriticConfig
     rule: ClassVar[type[EnsembleCriticRule]] = EnsembleCriticRule
     """The learning rule; :meth:`update` applies it to this algorithm's networks and config."""
-    draws: ClassVar[Draws] = Draws()
+    draws: ClassVar[Draws] = GLOBAL_DRAWS
 
     def __init__(
         self, config: EnsembleCriticConfig, observation_space: gym.Space, action_space: gym.Space, device
@@ -261,9 +265,8 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         return self.rule.update(self, batch, self.config)
 
     def reduce_critics(self, q_values: torch.Tensor) -> torch.Tensor:
-        """Combine target critics ``(K, ...)`` over dim 0 as the config says (MADDPG's per-group values;
-        MADDPG borrows this method, so it draws from the global generator directly)."""
-        return reduce_critics(q_values, self.config, Draws(), dim=0)
+        """Combine target critics ``(K, ...)`` over dim 0 as the config says (MADDPG's per-group values)."""
+        return reduce_critics(q_values, self.config, GLOBAL_DRAWS, dim=0)
 
     # -- the learner's side of the rule: optimiser steps ----------------------------------------
     def step_critic(self, loss: torch.Tensor) -> None:

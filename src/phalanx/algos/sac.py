@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algos.ddpg import (
+    GLOBAL_DRAWS,
     Draws,
     EnsembleCriticAlgorithm,
     EnsembleCriticConfig,
@@ -90,11 +91,11 @@ class SquashedGaussianActor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
+    def sample_action(self, obs: torch.Tensor, draws: Draws = GLOBAL_DRAWS) -> torch.Tensor:
         """An action (B, A) in (-1, 1), the one :meth:`sample` draws, without its log-probability (half
         the ops: acting needs no log-probability, and acting is on the env's critical path)."""
         mean, log_std = self(obs)
-        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+        return torch.tanh(mean + log_std.exp() * draws.normal(mean))
 
     def sample(self, obs: torch.Tensor, draws: Draws) -> tuple[torch.Tensor, torch.Tensor]:
         """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,); the noise from ``draws``."""
