@@ -225,8 +225,9 @@ class VectorizedOffPolicy:
         name = type(self).__name__
         if config.algo != self.algorithm_class.name:
             raise ConfigError(
-                f"{name} trains {self.algorithm_class.name} members, but the config's algo is {config.algo!r}. "
-                f"Build it with phalanx.make_config({self.algorithm_class.name!r}, env, ...)."
+                f"{name} trains {self.algorithm_class.name} members, but the config's algo is "
+                f"{config.algo!r}. Build it with phalanx.make_config({self.algorithm_class.name!r}, env, "
+                "...)."
             )
         if config.num_workers or config.overlap or config.num_learners != 1 or config.pipeline:
             raise ConfigError(
@@ -250,7 +251,7 @@ class VectorizedOffPolicy:
         return dataclasses.replace(self.config, seed=self.seeds[member], hyperparameters=hyperparameters)
 
     def _validated_values(self, member: int, overrides: dict[str, Any]) -> dict[str, Any]:
-        """The config's per-member values with ``overrides``, checked as the algorithm's config checks them."""
+        """The config's per-member values with ``overrides``, checked as the algorithm's config would."""
         self._check_names(overrides)
         base = {name: getattr(self.config.hyperparameters, name) for name in self.member_hyperparameters}
         for name, value in overrides.items():
@@ -280,9 +281,9 @@ class VectorizedOffPolicy:
                 )
             if name in shared:
                 raise ConfigError(
-                    f"{name} is shared by all members of a vectorized population (it shapes the networks, the "
-                    f"env, the replay or the update), so it cannot be set per member; set it in the config "
-                    f"instead. Per-member hyperparameters: {allowed}."
+                    f"{name} is shared by all members of a vectorized population (it shapes the networks, "
+                    "the env, the replay or the update), so it cannot be set per member; set it in the "
+                    f"config instead. Per-member hyperparameters: {allowed}."
                 )
             close = difflib.get_close_matches(str(name), self.member_hyperparameters, n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -442,7 +443,8 @@ class VectorizedOffPolicy:
         touched. A float64 CPU tensor."""
         if not (isinstance(episodes, int) and not isinstance(episodes, bool) and episodes >= 1):
             raise ConfigError(
-                f"{type(self).__name__}.evaluate: episodes = {episodes!r} is invalid: expected an integer >= 1."
+                f"{type(self).__name__}.evaluate: episodes = {episodes!r} is invalid: expected an integer "
+                ">= 1."
             )
         env = self._eval_envs.get(episodes)
         if env is None:
@@ -525,8 +527,9 @@ class VectorizedOffPolicy:
         if state["num_members"] != self.num_members or _shared(saved) != _shared(self.config):
             raise CheckpointError(
                 f"cannot load this {type(self).__name__} state: it was saved by a population of "
-                f"{state['num_members']} members with config {_shared(saved)}, this one has {self.num_members} "
-                f"members and {_shared(self.config)}. Build the population as the state was saved."
+                f"{state['num_members']} members with config {_shared(saved)}, this one has "
+                f"{self.num_members} members and {_shared(self.config)}. Build the population as the "
+                "state was saved."
             )
         with torch.no_grad():
             for name, tensor in self.hyperparameter_tensors.items():
