@@ -140,6 +140,18 @@ def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Opti
     return FlatAdam(parameters, **kwargs)
 
 
+def load_adam_state(
+    optimizer: torch.optim.Optimizer, learning_rate: float, step: float, exp_avg: Tensor, exp_avg_sq: Tensor
+) -> None:
+    """Set a single run's flat Adam (:func:`make_adam`) to ``learning_rate``, ``step`` and the moments
+    (laid out as its flat buffer): a vectorized population's member handed over as an ordinary run."""
+    state = optimizer.state_dict()
+    state["param_groups"][0]["lr"] = learning_rate
+    if step > 0:
+        state["state"] = {0: {"step": torch.tensor(step), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}}
+    optimizer.load_state_dict(state)
+
+
 def gradients(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """The gradients ``optimizer`` steps on (one tensor for a flat optimiser)."""
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

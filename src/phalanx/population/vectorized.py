@@ -78,7 +78,13 @@ from phalanx.nets import (
     MemberGaussianPolicy,
     MemberValueNet,
 )
-from phalanx.optim import VectorizedAdam, clip_member_grad_norm, flatten_parameters, member_backward
+from phalanx.optim import (
+    VectorizedAdam,
+    clip_member_grad_norm,
+    flatten_parameters,
+    load_adam_state,
+    member_backward,
+)
 from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
 from phalanx.train.evaluator import Evaluator
 
@@ -143,7 +149,8 @@ class VectorizedPopulation:
     :meth:`_build_members` (batched networks, flat parameters, optimiser, buffer, ``steps_per_round``),
     :meth:`_train_round` (collect ``steps_per_round`` env steps per member and learn from them),
     :meth:`_evaluation_actor`, :meth:`_member_tensors` (what :meth:`copy_member` copies),
-    :meth:`_learner_state` / :meth:`_load_learner_state` and :meth:`member_agent_state`.
+    :meth:`_learner_state` / :meth:`_load_learner_state` and :meth:`_load_member` (for
+    :meth:`member_agent_state`).
     """
 
     algorithm_class: ClassVar[type[Algorithm]]
@@ -151,7 +158,7 @@ class VectorizedPopulation:
     member_hyperparameters: ClassVar[tuple[str, ...]]
     """Fields of the algorithm's config that may differ per member (``(P,)`` float64 tensors)."""
     optional_hyperparameters: ClassVar[tuple[str, ...]] = ()
-    """Those of them that may be None (no clipping), stored as +inf."""
+    """Those of them that may be None (no clipping, or a default the learner resolves), stored as +inf."""
     shared_hyperparameters: ClassVar[tuple[str, ...]] = ("hidden_sizes", "activation")
     """Fields of the algorithm's config a saved state must share to load (they shape its tensors)."""
     steps_per_round: int
@@ -226,11 +233,13 @@ class VectorizedPopulation:
 
     def _train_round(self, progress: float) -> dict[str, Tensor]:
         """Collect :attr:`steps_per_round` env steps per member (recording finished episodes with
-        :meth:`_record_episodes`) and learn from them; the ``(P,)`` metrics of the learning."""
+        :meth:`_record_episodes`; :attr:`steps` counts them after the round) and learn from them,
+        counting :attr:`updates`; the ``(P,)`` metrics of the learning ({} if it made no update)."""
         raise NotImplementedError
 
-    def _evaluation_actor(self) -> MemberActor:
-        """The members' deterministic policies as one actor of ``(P * E, obs_dim)`` rows."""
+    def _evaluation_actor(self) -> Any:
+        """The members' deterministic policies as one actor of ``(P * E, obs_dim)`` rows (``act(obs,
+        deterministic=True)``, as :class:`~phalanx.nets.MemberActor`)."""
         raise NotImplementedError
 
     def _member_tensors(self) -> list[Tensor]:
@@ -245,8 +254,9 @@ class VectorizedPopulation:
     def _load_learner_state(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def member_agent_state(self, member: int) -> dict[str, Any]:
-        """Member ``member`` as the agent state of an ordinary single run of the algorithm."""
+    def _load_member(self, member: int, algorithm: Algorithm) -> None:
+        """Give ``algorithm``, a new single run of member ``member``'s config, the member's networks and
+        optimiser state (moments in the single run's layout, learning rates, step counts)."""
         raise NotImplementedError
 
     def _refresh_flags(self) -> None:
@@ -423,8 +433,8 @@ class VectorizedPopulation:
     def train(self, steps: int) -> dict[str, Tensor]:
         """Train every member ``steps`` more env steps (rounded up to whole rounds).
 
-        Returns the metrics of the last round and the means of the episodes finished during this call,
-        each ``(P,)`` on the device (``episode_return_mean`` is NaN for a member that finished none).
+        Returns the metrics of the last round that learned and the means of the episodes finished during
+        this call, each ``(P,)`` on the device (``episode_return_mean``: NaN for a member that finished none).
         """
         if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
             raise ConfigError(
@@ -435,9 +445,9 @@ class VectorizedPopulation:
         self._episodes.zero_()
         metrics: dict[str, Tensor] = {}
         for _ in range(math.ceil(steps / self.steps_per_round)):
+            progress = min((self.steps + self.steps_per_round) / self.config.total_steps, 1.0)
+            metrics = self._train_round(progress) or metrics  # a round may make no update (a warm-up)
             self.steps += self.steps_per_round
-            metrics = self._train_round(progress=min(self.steps / self.config.total_steps, 1.0))
-            self.updates += 1
         count, return_sum, length_sum = self._episodes
         finished = count.clamp(min=1)
         metrics["episodes"] = count
@@ -501,6 +511,24 @@ class VectorizedPopulation:
             ),
             "next_log": self.steps,
             "updates_owed": 0.0,
+        }
+
+    def member_agent_state(self, member: int) -> dict[str, Any]:
+        """Member ``member`` as the agent state of an ordinary single run (the keys of
+        ``Trainer.agent_state()``): written as ``checkpoints/step_<n>/state.pt`` of a run directory whose
+        ``config.yaml`` is ``state["config"]``, it loads with ``phalanx.load_agent`` and ``phalanx eval``."""
+        config = self.member_config(member)
+        with torch.random.fork_rng(devices=[]):  # its throwaway initialisation must not move the RNG
+            algorithm = self.algorithm_class(
+                config.hyperparameters, self.observation_space, self.action_space, self.device
+            )
+        self._load_member(member, algorithm)
+        return {
+            "config": config.to_dict(),
+            "spaces": self.spaces,
+            "algorithm": algorithm.state_dict(),
+            "obs_statistics": self._member_obs_statistics(member),
+            "progress": self._progress_state(member),
         }
 
     def _member_obs_statistics(self, member: int) -> dict[str, Tensor] | None:
@@ -573,6 +601,7 @@ class VectorizedPopulation:
         """The settings two populations must share for one's state to load into the other."""
         hyperparameters = config.hyperparameters
         settings = {
+            "algo": config.algo,
             "env": config.env,
             "num_envs": config.num_envs,
             "normalize_obs": config.normalize_obs,
@@ -641,7 +670,8 @@ class VectorizedPPO(VectorizedPopulation):
         self.policy.to(self.device)
         self.value.to(self.device)
         member_parameters = [*self.policy.parameters(), *self.value.parameters()]
-        self._layout = _single_layout(member_parameters, algorithms[0].parameters, self._linear_weights())
+        transposed = ensemble_linear_weights(self.policy, self.value)
+        self._layout = SingleLayout(member_parameters, algorithms[0].parameters, transposed)
         self.parameters, self.gradients = flatten_parameters(member_parameters)  # (P, D) each
         self.optimizer = VectorizedAdam(self.parameters, self.gradients, eps=1e-5)
         self.buffer = RolloutBuffer(
@@ -653,11 +683,6 @@ class VectorizedPPO(VectorizedPopulation):
             self.device,
         )
         self.lr_factor = 1.0  # anneal_lr: the factor of the last update
-
-    def _linear_weights(self) -> set[int]:
-        """Ids of the EnsembleLinear weights ((P, in, out): the transpose of an nn.Linear weight)."""
-        modules = [*self.policy.modules(), *self.value.modules()]
-        return {id(module.weight) for module in modules if isinstance(module, EnsembleLinear)}
 
     def _refresh_flags(self) -> None:
         """Which optional branches any member needs (host-side, so that the update does not sync)."""
@@ -688,6 +713,7 @@ class VectorizedPPO(VectorizedPopulation):
     # -- a round: collect a rollout, then one PPO update --------------------------------------------------
     def _train_round(self, progress: float) -> dict[str, Tensor]:
         self._collect()
+        self.updates += 1
         return self._update(progress)
 
     @torch.no_grad()
@@ -837,54 +863,26 @@ class VectorizedPPO(VectorizedPopulation):
         )
 
     # -- a member as a single PPO --------------------------------------------------------------------------
-    def member_agent_state(self, member: int) -> dict[str, Any]:
-        """Member ``member`` as the agent state of an ordinary PPO run (the keys of
-        ``Trainer.agent_state()``): written as ``checkpoints/step_<n>/state.pt`` of a run directory whose
-        ``config.yaml`` is ``state["config"]``, it loads with ``phalanx.load_agent`` and ``phalanx eval``."""
-        config = self.member_config(member)
-        return {
-            "config": config.to_dict(),
-            "spaces": self.spaces,
-            "algorithm": self._single_algorithm(member, config).state_dict(),
-            "obs_statistics": self._member_obs_statistics(member),
-            "progress": self._progress_state(member),
-        }
-
-    def _single_algorithm(self, member: int, config: TrainConfig) -> PPO:
-        """An ordinary PPO with member ``member``'s weights and Adam state (step, moments, learning rate)."""
-        with torch.random.fork_rng(devices=[]):  # its throwaway initialisation must not move the RNG
-            algorithm = PPO(config.hyperparameters, self.observation_space, self.action_space, self.device)
-        with torch.no_grad():
-            for parameter, tensor in zip(
-                algorithm.parameters, self._single_tensors(self.parameters[member]), strict=True
-            ):
-                parameter.copy_(tensor)
-        state = algorithm.optimizer.state_dict()
-        state["param_groups"][0]["lr"] = config.hyperparameters.learning_rate * self.lr_factor
-        steps = float(self.optimizer.steps[member])
-        if steps > 0:  # the single PPO's Adam steps one flat buffer of its parameters, in their order
-            state["state"] = {
-                0: {
-                    "step": torch.tensor(steps),
-                    "exp_avg": self._flat_single(self.optimizer.exp_avg[member]),
-                    "exp_avg_sq": self._flat_single(self.optimizer.exp_avg_sq[member]),
-                }
-            }
-        algorithm.optimizer.load_state_dict(state)
-        return algorithm
-
-    def _flat_single(self, row: Tensor) -> Tensor:
-        """A member's ``(D,)`` row laid out as a single PPO's flat parameter buffer."""
-        return torch.cat([tensor.reshape(-1) for tensor in self._single_tensors(row)])
+    @torch.no_grad()
+    def _load_member(self, member: int, algorithm: Algorithm) -> None:
+        """Member ``member``'s weights and Adam state (step, moments, learning rate) into a single PPO."""
+        ppo: PPO = algorithm  # type: ignore[assignment]
+        for parameter, tensor in zip(
+            ppo.parameters, self._single_tensors(self.parameters[member]), strict=True
+        ):
+            parameter.copy_(tensor)
+        optimizer = self.optimizer
+        load_adam_state(
+            ppo.optimizer,
+            ppo.config.learning_rate * self.lr_factor,
+            float(optimizer.steps[member]),
+            self._layout.flat(optimizer.exp_avg[member]),
+            self._layout.flat(optimizer.exp_avg_sq[member]),
+        )
 
     def _single_tensors(self, row: Tensor) -> list[Tensor]:
-        """A member's ``(D,)`` row of the flat parameters (or of an Adam moment) as the tensors of a single
-        PPO's ``parameters``, in their order and layout (nn.Linear weights are ``(out, in)``)."""
-        tensors = []
-        for start, end, member_shape, single_shape, transpose in self._layout:
-            tensor = row[start:end].view(member_shape)
-            tensors.append((tensor.T if transpose else tensor).reshape(single_shape))
-        return tensors
+        """A member's ``(D,)`` row of the flat parameters as the tensors of a single PPO's ``parameters``."""
+        return self._layout.tensors(row)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -898,24 +896,56 @@ def _decode(value: float, optional: bool) -> float | None:
     return None if optional and math.isinf(value) else value
 
 
-def _single_layout(
-    member_parameters: Sequence[nn.Parameter],
-    single_parameters: Sequence[nn.Parameter],
-    linear_weights: set[int],
-) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], bool]]:
-    """Where each single-PPO parameter sits in a member's flat row: ``(start, end, member_shape,
-    single_shape, transpose)``, in the order of ``PPO.parameters``."""
-    layout = []
-    start = 0
-    for member_parameter, single_parameter in zip(member_parameters, single_parameters, strict=True):
-        size = member_parameter[0].numel()
-        if size != single_parameter.numel():
-            raise AssertionError(
-                f"member parameter {tuple(member_parameter.shape)} vs {tuple(single_parameter.shape)}"
-            )
-        transpose = id(member_parameter) in linear_weights
-        layout.append(
-            (start, start + size, tuple(member_parameter.shape[1:]), tuple(single_parameter.shape), transpose)
-        )
-        start += size
-    return layout
+def ensemble_linear_weights(*modules: nn.Module) -> set[int]:
+    """Ids of the EnsembleLinear weights in ``modules`` (``(P, in, out)``: an nn.Linear weight transposed)."""
+    return {
+        id(layer.weight)
+        for module in modules
+        for layer in module.modules()
+        if isinstance(layer, EnsembleLinear)
+    }
+
+
+class SingleLayout:
+    """Where each parameter of a single run sits in its member's rows of a flat ``(rows, D)`` buffer
+    (:func:`~phalanx.optim.flatten_parameters`), to read a member back as its single run's tensors.
+
+    ``member_parameters`` are the member-batched parameters in the buffer's order, ``rows_per_member`` rows
+    per member (K for an ensemble of K critics); ``single_parameters`` the single run's, in the same order;
+    ``transposed`` the ids of member weights whose single counterpart is an ``nn.Linear`` weight.
+    """
+
+    def __init__(
+        self,
+        member_parameters: Sequence[nn.Parameter],
+        single_parameters: Sequence[nn.Parameter],
+        transposed: set[int],
+        rows_per_member: int = 1,
+    ) -> None:
+        self.rows_per_member = rows_per_member
+        self.entries: list[tuple[int, int, tuple[int, ...], tuple[int, ...], bool]] = []
+        start = 0
+        for member_parameter, single_parameter in zip(member_parameters, single_parameters, strict=True):
+            size = member_parameter[0].numel()
+            if size * rows_per_member != single_parameter.numel():
+                raise AssertionError(
+                    f"member parameter {tuple(member_parameter.shape)} vs {tuple(single_parameter.shape)}"
+                )
+            member_shape, single_shape = tuple(member_parameter.shape[1:]), tuple(single_parameter.shape)
+            transpose = id(member_parameter) in transposed
+            self.entries.append((start, start + size, member_shape, single_shape, transpose))
+            start += size
+
+    def tensors(self, rows: Tensor) -> list[Tensor]:
+        """A member's rows of the buffer (or of an Adam moment), ``(rows_per_member, D)`` or ``(D,)``, as
+        the single run's tensors, in their order and layout."""
+        rows = rows.reshape(self.rows_per_member, -1)
+        tensors = []
+        for start, end, member_shape, single_shape, transpose in self.entries:
+            tensor = rows[:, start:end].reshape(-1, *member_shape)
+            tensors.append((tensor.transpose(-2, -1) if transpose else tensor).reshape(single_shape))
+        return tensors
+
+    def flat(self, rows: Tensor) -> Tensor:
+        """A member's rows laid out as its single run's flat optimiser buffer (``make_adam``'s)."""
+        return torch.cat([tensor.reshape(-1) for tensor in self.tensors(rows)])
