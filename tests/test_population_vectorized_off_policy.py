@@ -100,7 +100,7 @@ def test_bad_hyperparameters_are_refused():
     with pytest.raises(ConfigError, match=r"hidden_sizes is shared by all members"):
         VectorizedSAC(config, [1], [{"hidden_sizes": (4,)}])
     with pytest.raises(
-        ConfigError, match=r"VectorizedTD3 trains td3 members, but the config's algo is 'sac'"
+        ConfigError, match=r"VectorizedTD3 trains TD3 members, but the config's algo is 'sac'"
     ):
         VectorizedTD3(config, [1])
 

@@ -11,22 +11,24 @@ kernel launch:
 - replay: one ring of ``P * num_envs`` columns; each member samples its own columns only;
 - hyperparameters: those that may differ per member (:attr:`member_hyperparameters`) are ``(P,)``
   tensors that broadcast into the rule, the exploration noise, the Polyak steps and the optimisers;
-- optimisers: :class:`~phalanx.population.vectorized.VectorizedAdam` over each network's flattened
-  member parameters, with a learning rate per member.
+- optimisers: :class:`~phalanx.optim.VectorizedAdam` over each network's flattened member parameters,
+  with a learning rate per member.
 
 Members stay independent, and every random draw of member i (warm-up actions, exploration noise,
 replay indices, the rule's action noise) comes from its own ``torch.Generator``, started where the
 global RNG of member i's single run stands after that run built its networks: on CPU member i ends
 where ``phalanx.train`` with ``seed = seeds[i]`` and member i's hyperparameters ends (within float
 rounding: batched matmuls and a batched Adam). Tests check it.
+
+What is not off-policy specific (seeds and generators, member hyperparameters, the member env,
+evaluation, copying members, the state dict, a member as a single run's checkpoint) is
+:class:`~phalanx.population.vectorized.VectorizedPopulation`'s; a round here is one VecEnv step of every
+member and the updates it owes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import time
 import types
 import warnings
 from collections.abc import Sequence
@@ -35,17 +37,17 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from phalanx.algos.base import Algorithm
 from phalanx.algos.ddpg import DDPG, Draws, EnsembleCriticAlgorithm, member_view
 from phalanx.algos.sac import SAC, SquashedGaussianActor
 from phalanx.algos.td3 import TD3
 from phalanx.buffers import ReplayBatch, ReplayBuffer
 from phalanx.config import TrainConfig
-from phalanx.envs.core import Tensor, VecEnv, as_device, block_seeds
-from phalanx.errors import CheckpointError, ConfigError
+from phalanx.envs.core import Tensor
+from phalanx.errors import ConfigError
 from phalanx.nets import EnsembleMLP
-from phalanx.population.vectorized import VectorizedAdam, flatten_parameters
-from phalanx.train.environments import EVAL_SEED_OFFSET, build_env
-from phalanx.train.evaluator import Evaluator
+from phalanx.optim import VectorizedAdam, flatten_parameters, load_adam_state
+from phalanx.population.vectorized import SingleLayout, VectorizedPopulation, ensemble_linear_weights
 
 GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 """torch's one-time hint when a .grad is a view of a flat gradient tensor (flatten_parameters), on purpose."""
@@ -83,10 +85,21 @@ class MemberDraws(Draws):
 
 class MemberFlat:
     """The parameters of some member-batched modules as one ``(rows, D)`` tensor (flatten_parameters), with
-    its VectorizedAdam; ``rows`` is P, or P * K for the critics (K rows per member)."""
+    its VectorizedAdam; ``rows`` is P, or P * K for the critics (K rows per member).
 
-    def __init__(self, parameters: Sequence[nn.Parameter], rows_per_member: int) -> None:
+    ``single_parameters`` are the same parameters of a single run (in the same order), which
+    :meth:`load_single` fills with a member's; ``transposed``: the ids of those of ``parameters`` that are
+    EnsembleLinear weights where the single run has an ``nn.Linear`` (:func:`ensemble_linear_weights`)."""
+
+    def __init__(
+        self,
+        parameters: Sequence[nn.Parameter],
+        rows_per_member: int,
+        single_parameters: Sequence[nn.Parameter | Tensor],
+        transposed: set[int] | None = None,
+    ) -> None:
         self.parameters = list(parameters)
+        self.layout = SingleLayout(self.parameters, single_parameters, transposed or set(), rows_per_member)
         self.flat, self.gradients = flatten_parameters(self.parameters)
         self.rows_per_member = rows_per_member
         self.optimizer = VectorizedAdam(self.flat, self.gradients, eps=ADAM_EPS)
@@ -110,6 +123,25 @@ class MemberFlat:
         """The tensors that make a member what it is: parameters and Adam state, rows first."""
         optimizer = self.optimizer
         return [self.flat, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps]
+
+    @torch.no_grad()
+    def load_single(
+        self, member: int, parameters: Sequence[Tensor], optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        """Member ``member``'s values into a single run's ``parameters`` and its flat Adam ``optimizer``
+        (step count and moments; the learning rate is the optimiser's, from the member's config)."""
+        rows = self.member_rows(member)
+        for parameter, tensor in zip(parameters, self.layout.tensors(self.flat[rows]), strict=True):
+            parameter.copy_(tensor)
+        if optimizer is not None:
+            adam = self.optimizer
+            load_adam_state(
+                optimizer,
+                optimizer.param_groups[0]["lr"],
+                float(adam.steps[rows][0]),
+                self.layout.flat(adam.exp_avg[rows]),
+                self.layout.flat(adam.exp_avg_sq[rows]),
+            )
 
 
 def stack_ensembles(ensembles: Sequence[EnsembleMLP]) -> EnsembleMLP:
@@ -143,7 +175,7 @@ class MemberPolicy:
 
 
 # -- the population ------------------------------------------------------------------------------------
-class VectorizedOffPolicy:
+class VectorizedOffPolicy(VectorizedPopulation):
     """P members of an ensemble-critic algorithm trained as one batched run; see the module docstring.
 
     ``config`` is an ordinary TrainConfig of the algorithm (``phalanx.make_config("sac", env, ...)``):
@@ -160,178 +192,80 @@ class VectorizedOffPolicy:
         "tau",
     )
     optional_hyperparameters: ClassVar[tuple[str, ...]] = ("critic_learning_rate",)
-    """Per-member hyperparameters that may be None (stored as NaN, resolved where used)."""
+    """None: the member's learning_rate (stored as +inf, resolved by :meth:`learning_rate`)."""
+    shared_hyperparameters = ("hidden_sizes", "activation", "num_critics", "buffer_size")
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        seeds: Sequence[int],
-        hyperparameters: Sequence[dict[str, Any]] | None = None,
-    ) -> None:
-        config.validate()
-        self.config = config = dataclasses.replace(config)  # the caller's config stays as it was
-        self._check_config(config)
-        self.seeds = [int(seed) for seed in seeds]
-        self.num_members = len(self.seeds)
-        hyperparameters = [{} for _ in self.seeds] if hyperparameters is None else list(hyperparameters)
-        if self.num_members == 0 or len(hyperparameters) != self.num_members:
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        super().check_config(config)
+        if config.normalize_obs or config.normalize_reward or config.hyperparameters.n_step != 1:
             raise ConfigError(
-                f"{type(self).__name__}: {len(self.seeds)} seeds and {len(hyperparameters)} hyperparameter "
-                "dicts; pass at least one seed and one dict (possibly empty) per seed, in the same order."
+                f"{cls.__name__} supports neither observation/reward normalisation nor n-step returns yet "
+                f"(got normalize_obs={config.normalize_obs}, normalize_reward={config.normalize_reward}, "
+                f"n_step={config.hyperparameters.n_step}). Turn them off, or train the members as separate "
+                "runs (the process backend)."
             )
-        self.device = as_device(config.device)
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
-        self.num_envs = config.num_envs
-        values = [
-            self._validated_values(member, overrides) for member, overrides in enumerate(hyperparameters)
-        ]
-        self.hyperparameter_tensors: dict[str, Tensor] = {
-            name: torch.tensor(
-                [_encode(member_values[name]) for member_values in values],
-                dtype=torch.float64,
-                device=self.device,
-            )
-            for name in self.member_hyperparameters
-        }
-        self.env = build_env(config, self.num_members * self.num_envs, training=True)
-        raw_env = self.env.unwrapped
-        self.algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
-        self.observation_space = self.env.single_observation_space
-        self.action_space = self.env.single_action_space  # [-1, 1] (RescaleAction)
-        members = [self._initial_member(member) for member in range(self.num_members)]
-        self.generators = [generator for _, generator in members]
+
+    # -- construction --------------------------------------------------------------------------------
+    def _build_members(self, algorithms: list[Algorithm]) -> None:
+        """The members' networks as member-batched modules, their flat parameters and optimisers; a replay
+        of ``P * num_envs`` columns. A round is one VecEnv step (``num_envs`` env steps per member)."""
+        self.steps_per_round = self.num_envs
         self.draws = MemberDraws(self.generators)
-        self._build_networks([algorithm for algorithm, _ in members])
-        hp = config.hyperparameters
+        self._build_networks(algorithms)  # type: ignore[arg-type]
         self.buffer = ReplayBuffer(
-            hp.buffer_size * self.num_members,
+            self.config.hyperparameters.buffer_size * self.num_members,
             self.num_members * self.num_envs,
             self.observation_space.shape,
             self.action_space.shape,
             torch.float32,
             self.device,
         )
-        self.steps = self.updates = 0
         self.updates_owed = 0.0
-        self.wall_time = 0.0
-        self.best_eval_return = [-math.inf] * self.num_members
-        self._eval_envs: dict[int, VecEnv] = {}
-        self.obs, _ = self.env.reset(seed=self._env_seeds(0, self.num_envs))  # (P * N, obs_dim)
-
-    # -- construction --------------------------------------------------------------------------------
-    def _check_config(self, config: TrainConfig) -> None:
-        """What a vectorized population cannot do, with the reason and the fix."""
-        name = type(self).__name__
-        if config.algo != self.algorithm_class.name:
-            raise ConfigError(
-                f"{name} trains {self.algorithm_class.name} members, but the config's algo is "
-                f"{config.algo!r}. Build it with phalanx.make_config({self.algorithm_class.name!r}, env, "
-                "...)."
-            )
-        if config.num_workers or config.overlap or config.num_learners != 1 or config.pipeline:
-            raise ConfigError(
-                f"{name} runs in one process on one device: num_workers must be 0, overlap and pipeline off, "
-                f"num_learners 1 (got num_workers={config.num_workers}, overlap={config.overlap}, "
-                f"pipeline={config.pipeline}, num_learners={config.num_learners}). Use a batched env (e.g. "
-                "'Pendulum-v1') with the defaults, or the process backend for one process per member."
-            )
-        if config.normalize_obs or config.normalize_reward or config.hyperparameters.n_step != 1:
-            raise ConfigError(
-                f"{name} supports neither observation/reward normalisation nor n-step returns yet (got "
-                f"normalize_obs={config.normalize_obs}, normalize_reward={config.normalize_reward}, "
-                f"n_step={config.hyperparameters.n_step}). Turn them off, or train the members as separate "
-                "runs (the process backend)."
-            )
-
-    def member_config(self, member: int) -> TrainConfig:
-        """Member ``member`` as an ordinary single-run config: its seed and hyperparameters."""
-        self._check_member(member)
-        hyperparameters = dataclasses.replace(self.config.hyperparameters, **self.hyperparameters(member))
-        return dataclasses.replace(self.config, seed=self.seeds[member], hyperparameters=hyperparameters)
-
-    def _validated_values(self, member: int, overrides: dict[str, Any]) -> dict[str, Any]:
-        """The config's per-member values with ``overrides``, checked as the algorithm's config would."""
-        self._check_names(overrides)
-        base = {name: getattr(self.config.hyperparameters, name) for name in self.member_hyperparameters}
-        for name, value in overrides.items():
-            optional = name in self.optional_hyperparameters
-            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (is_number or (value is None and optional)):
-                expected = "a number, or None" if optional else "a number"
-                raise ConfigError(f"member {member}: {name} = {value!r} is invalid: expected {expected}.")
-        values = {**base, **overrides}
-        try:
-            dataclasses.replace(self.config.hyperparameters, **values).validate(self.config)
-        except ConfigError as error:
-            raise ConfigError(f"member {member}: {error}") from None
-        return values
-
-    def _check_names(self, values: dict[str, Any]) -> None:
-        """A ConfigError for a name that is not a per-member hyperparameter, naming the per-member ones."""
-        allowed = ", ".join(self.member_hyperparameters)
-        shared = {field.name for field in dataclasses.fields(self.config.hyperparameters)}
-        shared |= {field.name for field in dataclasses.fields(TrainConfig)}
-        for name in values:
-            if name in self.member_hyperparameters:
-                continue
-            if name == "seed":
-                raise ConfigError(
-                    "seed is not a hyperparameter of a member: each member's seed is its entry of seeds."
-                )
-            if name in shared:
-                raise ConfigError(
-                    f"{name} is shared by all members of a vectorized population (it shapes the networks, "
-                    "the env, the replay or the update), so it cannot be set per member; set it in the "
-                    f"config instead. Per-member hyperparameters: {allowed}."
-                )
-            close = difflib.get_close_matches(str(name), self.member_hyperparameters, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"unknown hyperparameter {name!r}.{hint} Per-member hyperparameters: {allowed}."
-            )
-
-    def _initial_member(self, member: int) -> tuple[EnsembleCriticAlgorithm, torch.Generator]:
-        """The algorithm a single run seeded ``seeds[member]`` builds (on CPU, as Trainer's nets are
-        initialised), and a generator in the state that run's global RNG is in afterwards."""
-        config = self.member_config(member)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            algorithm = self.algorithm_class(
-                config.hyperparameters, self.observation_space, self.action_space, torch.device("cpu")
-            )
-            generator = torch.Generator(device=self.device)
-            if self.device.type == "cpu":
-                generator.set_state(torch.get_rng_state())
-            else:  # the single run samples from the device's generator, which its init never touched
-                generator.manual_seed(config.seed)
-        return algorithm, generator
 
     def _build_networks(self, algorithms: Sequence[EnsembleCriticAlgorithm]) -> None:
-        """The members' networks as member-batched modules, their flat parameters and optimisers."""
-        self.num_critics = algorithms[0].critic.num_members
+        """The actor, the critics and their targets of every member, as member-batched modules."""
+        single = algorithms[0]
+        self.num_critics = single.critic.num_members
         self.actor = self.member_actor([algorithm.actor for algorithm in algorithms]).to(self.device)
         self.critic = stack_ensembles([algorithm.critic for algorithm in algorithms]).to(self.device)
         self.critic_target = stack_ensembles([algorithm.critic_target for algorithm in algorithms])
         self.critic_target.to(self.device).requires_grad_(False)
-        self.actors = MemberFlat(list(self.actor.parameters()), 1)
-        self.critics = MemberFlat(list(self.critic.parameters()), self.num_critics)
-        self.critic_targets = MemberFlat(list(self.critic_target.parameters()), self.num_critics)
+        self.actors = MemberFlat(
+            list(self.actor.parameters()),
+            1,
+            list(single.actor.parameters()),
+            ensemble_linear_weights(self.actor),
+        )
+        self.critics = MemberFlat(list(self.critic.parameters()), self.num_critics, single.critic_parameters)
+        self.critic_targets = MemberFlat(
+            list(self.critic_target.parameters()), self.num_critics, list(single.critic_target.parameters())
+        )
         self.targets = [(self.critic_targets, self.critics)]  # (target, source) pairs of the Polyak step
 
     def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
         """The members' actors as one module taking ``(P, B, obs_dim)``."""
         raise NotImplementedError
 
-    def _env_seeds(self, offset: int, rows_per_member: int) -> int | list[int]:
-        """``reset(seed=...)`` giving each member's rows what a single env seeded ``seed + offset`` gets."""
-        return block_seeds(self.env, [seed + offset for seed in self.seeds], rows_per_member)
+    def flats(self) -> list[MemberFlat]:
+        """Every member-batched parameter set (networks, targets, temperature)."""
+        return [self.actors, self.critics, self.critic_targets]
+
+    def _single_parts(
+        self, algorithm: EnsembleCriticAlgorithm
+    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
+        """Each of :meth:`flats` with the single run's parameters and optimiser it corresponds to."""
+        return [
+            (self.actors, list(algorithm.actor.parameters()), algorithm.actor_optimizer),
+            (self.critics, algorithm.critic_parameters, algorithm.critic_optimizer),
+            (self.critic_targets, list(algorithm.critic_target.parameters()), None),
+        ]
 
     # -- the rule's learner ------------------------------------------------------------------------------
     def learning_rate(self, name: str) -> Tensor:
-        """``(P,)`` learning rate of an optional per-member rate (NaN: the member's learning_rate)."""
+        """``(P,)`` learning rate of an optional per-member rate (+inf, None: the member's learning_rate)."""
         rates = self.hyperparameter_tensors
-        return torch.where(torch.isnan(rates[name]), rates["learning_rate"], rates[name])
+        return torch.where(torch.isinf(rates[name]), rates["learning_rate"], rates[name])
 
     def step_critic(self, loss: Tensor) -> None:
         self.critics.minimize(loss, self.learning_rate("critic_learning_rate"))
@@ -365,24 +299,15 @@ class VectorizedOffPolicy:
         """Every member's deterministic actions ``(P, E, A)``."""
         raise NotImplementedError
 
-    # -- training ------------------------------------------------------------------------------------
-    def train(self, steps: int) -> dict[str, Tensor]:
-        """Train every member ``steps`` more env steps (rounded up to whole VecEnv steps of num_envs).
+    def _evaluation_actor(self) -> MemberPolicy:
+        return MemberPolicy(self)
 
-        Returns the metrics of the last update, each ``(P,)`` ({} when no update was made yet).
-        """
-        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
-            raise ConfigError(
-                f"{type(self).__name__}.train: steps = {steps!r} is invalid: expected an integer >= 1 (env "
-                f"steps per member, rounded up to whole VecEnv steps of num_envs = {self.num_envs})."
-            )
-        start = time.perf_counter()
+    # -- a round: one VecEnv step, then the updates it owes ------------------------------------------------
+    def _train_round(self, progress: float) -> dict[str, Tensor]:
+        self._step_envs()
         metrics: dict[str, Tensor] = {}
-        for _ in range(math.ceil(steps / self.num_envs)):
-            self._step_envs()
-            for _ in range(self._updates_due()):
-                metrics = self._update()
-        self.wall_time += time.perf_counter() - start
+        for _ in range(self._updates_due()):
+            metrics = self._update()
         return metrics
 
     @torch.no_grad()
@@ -397,8 +322,8 @@ class VectorizedOffPolicy:
         actions = actions.flatten(0, 1)  # (P * N, A)
         next_obs, rewards, terminated, truncated, info = self.env.step(actions)
         self.buffer.add(self.obs, actions, rewards, info["final_obs"], terminated, truncated)
+        self._record_episodes(terminated | truncated, info)
         self.obs = next_obs
-        self.steps += self.num_envs
 
     def _updates_due(self) -> int:
         """The updates one VecEnv step owes (Trainer.store's update-to-data ratio), once the warm-up is in."""
@@ -411,6 +336,7 @@ class VectorizedOffPolicy:
         return updates if hp.max_updates_per_step is None else min(updates, hp.max_updates_per_step)
 
     def _update(self) -> dict[str, Tensor]:
+        """One update of every member by the algorithm's rule (which counts :attr:`updates`)."""
         hp = self.rule_hyperparameters()
         return self.algorithm_class.rule.update(self, self._sample(hp.batch_size), hp)
 
@@ -435,124 +361,37 @@ class VectorizedOffPolicy:
             gamma * (~buffer.terminated[start, env]).float(),
         )
 
-    # -- evaluation ------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, episodes: int) -> Tensor:
-        """``(P,)`` mean return of each member's deterministic policy over ``episodes`` episodes, each
-        member on rows seeded as its single run's evaluator; the training envs and generators are not
-        touched. A float64 CPU tensor."""
-        if not (isinstance(episodes, int) and not isinstance(episodes, bool) and episodes >= 1):
-            raise ConfigError(
-                f"{type(self).__name__}.evaluate: episodes = {episodes!r} is invalid: expected an integer "
-                ">= 1."
-            )
-        env = self._eval_envs.get(episodes)
-        if env is None:
-            env = build_env(self.config, self.num_members * episodes, training=False, blocks=self.num_members)
-            self._eval_envs[episodes] = env
-        seeds = block_seeds(env, [seed + EVAL_SEED_OFFSET for seed in self.seeds], episodes)
-        evaluation = Evaluator(env, seed=seeds).evaluate(MemberPolicy(self))  # type: ignore[arg-type]
-        returns = torch.tensor(evaluation.returns, dtype=torch.float64)
-        means = returns.view(self.num_members, episodes).mean(dim=1)
-        self.best_eval_return = [
-            max(a, b) for a, b in zip(self.best_eval_return, means.tolist(), strict=True)
+    # -- members and state ---------------------------------------------------------------------------
+    def _member_tensors(self) -> list[Tensor]:
+        """Every flat tensor viewed ``(P, rows_per_member, ...)``, so that index i is member i's rows."""
+        return [
+            tensor.unflatten(0, (self.num_members, -1)) for flat in self.flats() for tensor in flat.tensors()
         ]
-        return means
 
-    # -- hyperparameters and members -----------------------------------------------------------------
-    def hyperparameters(self, member: int) -> dict[str, Any]:
-        """Member ``member``'s current values of :attr:`member_hyperparameters`."""
-        self._check_member(member)
+    def _learner_state(self) -> dict[str, Any]:
         return {
-            name: _decode(float(self.hyperparameter_tensors[name][member]))
-            for name in self.member_hyperparameters
-        }
-
-    def set_hyperparameters(self, member: int, values: dict[str, Any]) -> None:
-        """Give member ``member`` new values of some of :attr:`member_hyperparameters`, validated as the
-        algorithm's config validates them; they apply from the next step."""
-        self._check_member(member)
-        merged = self._validated_values(member, {**self.hyperparameters(member), **values})
-        for name, value in merged.items():
-            self.hyperparameter_tensors[name][member] = _encode(value)
-
-    def flats(self) -> list[MemberFlat]:
-        """Every member-batched parameter set (networks, targets, temperature)."""
-        return [self.actors, self.critics, self.critic_targets]
-
-    @torch.no_grad()
-    def copy_member(self, source: int, target: int) -> None:
-        """Give member ``target`` the networks, target networks and optimiser state of member ``source``;
-        ``target`` keeps its hyperparameters, env rows, replay columns and generator."""
-        self._check_member(source)
-        self._check_member(target)
-        for flat in self.flats():
-            for tensor in flat.tensors():
-                tensor[flat.member_rows(target)] = tensor[flat.member_rows(source)]
-
-    def _check_member(self, member: int) -> None:
-        if not (isinstance(member, int) and not isinstance(member, bool) and 0 <= member < self.num_members):
-            raise ConfigError(
-                f"member {member!r} is not a member of this population: expected an integer in "
-                f"[0, {self.num_members - 1}]."
-            )
-
-    # -- state ---------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Everything to resume exactly: weights, optimisers, hyperparameters, replay, env state, the last
-        observations, every member's generator, progress. Tensors and primitives only."""
-        return {
-            "num_members": self.num_members,
-            "seeds": list(self.seeds),
-            "config": self.config.to_dict(),
-            "hyperparameters": {name: tensor.clone() for name, tensor in self.hyperparameter_tensors.items()},
             "flats": [[tensor.clone() for tensor in flat.tensors()] for flat in self.flats()],
             "buffer": self.buffer.state_dict(),
-            "env": self.env.state_dict(),
-            "obs": self.obs.clone(),
-            "generators": [generator.get_state() for generator in self.generators],
-            "progress": {
-                "steps": self.steps,
-                "updates": self.updates,
-                "updates_owed": self.updates_owed,
-                "wall_time_s": self.wall_time,
-                "best_eval_return": list(self.best_eval_return),
-            },
+            "progress": {"updates_owed": self.updates_owed},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned, into a population built with the same config and
-        number of seeds."""
-        saved = TrainConfig.from_dict(state["config"], where=f"the {type(self).__name__} state")
-        if state["num_members"] != self.num_members or _shared(saved) != _shared(self.config):
-            raise CheckpointError(
-                f"cannot load this {type(self).__name__} state: it was saved by a population of "
-                f"{state['num_members']} members with config {_shared(saved)}, this one has "
-                f"{self.num_members} members and {_shared(self.config)}. Build the population as the "
-                "state was saved."
-            )
-        with torch.no_grad():
-            for name, tensor in self.hyperparameter_tensors.items():
-                tensor.copy_(state["hyperparameters"][name])
-            for flat, tensors in zip(self.flats(), state["flats"], strict=True):
-                for tensor, saved_tensor in zip(flat.tensors(), tensors, strict=True):
-                    tensor.copy_(saved_tensor)
+    @torch.no_grad()
+    def _load_learner_state(self, state: dict[str, Any]) -> None:
+        for flat, tensors in zip(self.flats(), state["flats"], strict=True):
+            for tensor, saved in zip(flat.tensors(), tensors, strict=True):
+                tensor.copy_(saved)
         self.buffer.load_state_dict(state["buffer"])
-        self.env.load_state_dict(state["env"])
-        self.obs = state["obs"].to(self.device).clone()
-        self.seeds = list(state["seeds"])
-        for generator, generator_state in zip(self.generators, state["generators"], strict=True):
-            generator.set_state(generator_state.cpu())
-        progress = state["progress"]
-        self.steps, self.updates = progress["steps"], progress["updates"]
-        self.updates_owed, self.wall_time = progress["updates_owed"], progress["wall_time_s"]
-        self.best_eval_return = list(progress["best_eval_return"])
+        self.updates_owed = state["progress"]["updates_owed"]
 
-    def close(self) -> None:
-        """Close the training and evaluation envs."""
-        for env in (self.env, *self._eval_envs.values()):
-            env.close()
-        self._eval_envs.clear()
+    def _load_member(self, member: int, algorithm: Algorithm) -> None:
+        """Member ``member``'s networks, targets and Adam states into a single run of its algorithm."""
+        single: EnsembleCriticAlgorithm = algorithm  # type: ignore[assignment]
+        for flat, parameters, optimizer in self._single_parts(single):
+            flat.load_single(member, parameters, optimizer)
+        single.updates = self.updates
+
+    def _progress_state(self, member: int) -> dict[str, Any]:
+        return {**super()._progress_state(member), "updates_owed": self.updates_owed}
 
 
 class VectorizedSAC(VectorizedOffPolicy):
@@ -570,7 +409,7 @@ class VectorizedSAC(VectorizedOffPolicy):
         super()._build_networks(algorithms)
         log_alpha = torch.stack([algorithm.log_alpha.detach() for algorithm in algorithms])  # type: ignore[attr-defined]
         self.log_alpha = nn.Parameter(log_alpha.to(self.device))  # (P,)
-        self.temperatures = MemberFlat([self.log_alpha], 1)
+        self.temperatures = MemberFlat([self.log_alpha], 1, [algorithms[0].log_alpha])  # type: ignore[attr-defined]
         self.action_dim = algorithms[0].action_dim
 
     def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
@@ -582,9 +421,9 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     @property
     def target_entropy(self) -> Tensor:
-        """``(P,)``: each member's entropy target (None: -action_dim)."""
+        """``(P,)``: each member's entropy target (None, stored as +inf: -action_dim)."""
         targets = self.hyperparameter_tensors["target_entropy"].float()
-        return torch.where(torch.isnan(targets), -float(self.action_dim), targets)
+        return torch.where(torch.isinf(targets), -float(self.action_dim), targets)
 
     def step_alpha(self, gradient: Tensor) -> None:
         self.temperatures.gradients.copy_(gradient.unsqueeze(1))
@@ -592,6 +431,12 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.temperatures]
+
+    def _single_parts(
+        self, algorithm: EnsembleCriticAlgorithm
+    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
+        sac: SAC = algorithm  # type: ignore[assignment]
+        return [*super()._single_parts(sac), (self.temperatures, [sac.log_alpha], sac.alpha_optimizer)]
 
     def explore(self, obs: Tensor) -> Tensor:
         return self.actor.sample_action(obs, self.draws)
@@ -616,7 +461,12 @@ class VectorizedTD3(VectorizedOffPolicy):
         targets: list[DDPG] = list(algorithms)  # type: ignore[arg-type]
         self.actor_target = self.member_actor([algorithm.actor_target for algorithm in targets])
         self.actor_target.to(self.device).requires_grad_(False)
-        self.actor_targets = MemberFlat(list(self.actor_target.parameters()), 1)
+        self.actor_targets = MemberFlat(
+            list(self.actor_target.parameters()),
+            1,
+            list(targets[0].actor_target.parameters()),
+            ensemble_linear_weights(self.actor_target),
+        )
         self.targets.append((self.actor_targets, self.actors))
 
     def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
@@ -624,6 +474,12 @@ class VectorizedTD3(VectorizedOffPolicy):
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.actor_targets]
+
+    def _single_parts(
+        self, algorithm: EnsembleCriticAlgorithm
+    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
+        td3: TD3 = algorithm  # type: ignore[assignment]
+        return [*super()._single_parts(td3), (self.actor_targets, list(td3.actor_target.parameters()), None)]
 
     def explore(self, obs: Tensor) -> Tensor:
         """DDPG.explore per member: Gaussian noise of the member's scale, clipped to [-1, 1]."""
@@ -633,19 +489,3 @@ class VectorizedTD3(VectorizedOffPolicy):
 
     def deterministic(self, obs: Tensor) -> Tensor:
         return self.actor(obs)
-
-
-# -- helpers -------------------------------------------------------------------------------------------
-def _encode(value: float | None) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _decode(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _shared(config: TrainConfig) -> tuple[Any, ...]:
-    """The settings two populations must share for one's state to load into the other."""
-    hp = config.hyperparameters
-    return (config.algo, config.env, config.num_envs, tuple(hp.hidden_sizes), hp.activation, hp.num_critics,
-            hp.buffer_size)  # fmt: skip
