@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +53,8 @@ GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contra
 """torch's one-time hint when a .grad is a view of a flat gradient tensor (flatten_parameters), on purpose."""
 ADAM_EPS = 1e-8
 """The eps of the single runs' Adam (``phalanx.optim.make_adam``, torch's default)."""
+SingleParts = Callable[[Any], tuple[list[Tensor], torch.optim.Optimizer | None]]
+"""A single run's parameters that correspond to a :class:`MemberFlat`, and their optimiser (or None)."""
 
 
 class MemberDraws(Draws):
@@ -87,18 +89,22 @@ class MemberFlat:
     """The parameters of some member-batched modules as one ``(rows, D)`` tensor (flatten_parameters), with
     its VectorizedAdam; ``rows`` is P, or P * K for the critics (K rows per member).
 
-    ``single_parameters`` are the same parameters of a single run (in the same order), which
-    :meth:`load_single` fills with a member's; ``transposed``: the ids of those of ``parameters`` that are
-    EnsembleLinear weights where the single run has an ``nn.Linear`` (:func:`ensemble_linear_weights`)."""
+    ``single`` gives the same parameters of a single run (in the same order) and their optimiser (None
+    for a target network), which :meth:`load_single` fills with a member's; ``template`` is a single run
+    to read their shapes from. ``transposed``: the ids of those of ``parameters`` that are EnsembleLinear
+    weights where the single run has an ``nn.Linear`` (:func:`ensemble_linear_weights`)."""
 
     def __init__(
         self,
         parameters: Sequence[nn.Parameter],
         rows_per_member: int,
-        single_parameters: Sequence[nn.Parameter | Tensor],
+        single: SingleParts,
+        template: EnsembleCriticAlgorithm,
         transposed: set[int] | None = None,
     ) -> None:
         self.parameters = list(parameters)
+        self.single = single
+        single_parameters, _ = single(template)
         self.layout = SingleLayout(self.parameters, single_parameters, transposed or set(), rows_per_member)
         self.flat, self.gradients = flatten_parameters(self.parameters)
         self.rows_per_member = rows_per_member
@@ -125,11 +131,10 @@ class MemberFlat:
         return [self.flat, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps]
 
     @torch.no_grad()
-    def load_single(
-        self, member: int, parameters: Sequence[Tensor], optimizer: torch.optim.Optimizer | None
-    ) -> None:
-        """Member ``member``'s values into a single run's ``parameters`` and its flat Adam ``optimizer``
+    def load_single(self, member: int, algorithm: EnsembleCriticAlgorithm) -> None:
+        """Member ``member``'s values into the parameters of a single run ``algorithm`` and their flat Adam
         (step count and moments; the learning rate is the optimiser's, from the member's config)."""
+        parameters, optimizer = self.single(algorithm)
         rows = self.member_rows(member)
         for parameter, tensor in zip(parameters, self.layout.tensors(self.flat[rows]), strict=True):
             parameter.copy_(tensor)
@@ -234,12 +239,21 @@ class VectorizedOffPolicy(VectorizedPopulation):
         self.actors = MemberFlat(
             list(self.actor.parameters()),
             1,
-            list(single.actor.parameters()),
+            lambda run: (list(run.actor.parameters()), run.actor_optimizer),
+            single,
             ensemble_linear_weights(self.actor),
         )
-        self.critics = MemberFlat(list(self.critic.parameters()), self.num_critics, single.critic_parameters)
+        self.critics = MemberFlat(
+            list(self.critic.parameters()),
+            self.num_critics,
+            lambda run: (run.critic_parameters, run.critic_optimizer),
+            single,
+        )
         self.critic_targets = MemberFlat(
-            list(self.critic_target.parameters()), self.num_critics, list(single.critic_target.parameters())
+            list(self.critic_target.parameters()),
+            self.num_critics,
+            lambda run: (list(run.critic_target.parameters()), None),
+            single,
         )
         self.targets = [(self.critic_targets, self.critics)]  # (target, source) pairs of the Polyak step
 
@@ -250,16 +264,6 @@ class VectorizedOffPolicy(VectorizedPopulation):
     def flats(self) -> list[MemberFlat]:
         """Every member-batched parameter set (networks, targets, temperature)."""
         return [self.actors, self.critics, self.critic_targets]
-
-    def _single_parts(
-        self, algorithm: EnsembleCriticAlgorithm
-    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
-        """Each of :meth:`flats` with the single run's parameters and optimiser it corresponds to."""
-        return [
-            (self.actors, list(algorithm.actor.parameters()), algorithm.actor_optimizer),
-            (self.critics, algorithm.critic_parameters, algorithm.critic_optimizer),
-            (self.critic_targets, list(algorithm.critic_target.parameters()), None),
-        ]
 
     # -- the rule's learner ------------------------------------------------------------------------------
     def learning_rate(self, name: str) -> Tensor:
@@ -386,8 +390,8 @@ class VectorizedOffPolicy(VectorizedPopulation):
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
         """Member ``member``'s networks, targets and Adam states into a single run of its algorithm."""
         single: EnsembleCriticAlgorithm = algorithm  # type: ignore[assignment]
-        for flat, parameters, optimizer in self._single_parts(single):
-            flat.load_single(member, parameters, optimizer)
+        for flat in self.flats():
+            flat.load_single(member, single)
         single.updates = self.updates
 
     def _progress_state(self, member: int) -> dict[str, Any]:
@@ -409,7 +413,9 @@ class VectorizedSAC(VectorizedOffPolicy):
         super()._build_networks(algorithms)
         log_alpha = torch.stack([algorithm.log_alpha.detach() for algorithm in algorithms])  # type: ignore[attr-defined]
         self.log_alpha = nn.Parameter(log_alpha.to(self.device))  # (P,)
-        self.temperatures = MemberFlat([self.log_alpha], 1, [algorithms[0].log_alpha])  # type: ignore[attr-defined]
+        self.temperatures = MemberFlat(
+            [self.log_alpha], 1, lambda run: ([run.log_alpha], run.alpha_optimizer), algorithms[0]
+        )
         self.action_dim = algorithms[0].action_dim
 
     def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
@@ -431,12 +437,6 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.temperatures]
-
-    def _single_parts(
-        self, algorithm: EnsembleCriticAlgorithm
-    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
-        sac: SAC = algorithm  # type: ignore[assignment]
-        return [*super()._single_parts(sac), (self.temperatures, [sac.log_alpha], sac.alpha_optimizer)]
 
     def explore(self, obs: Tensor) -> Tensor:
         return self.actor.sample_action(obs, self.draws)
@@ -464,7 +464,8 @@ class VectorizedTD3(VectorizedOffPolicy):
         self.actor_targets = MemberFlat(
             list(self.actor_target.parameters()),
             1,
-            list(targets[0].actor_target.parameters()),
+            lambda run: (list(run.actor_target.parameters()), None),
+            targets[0],
             ensemble_linear_weights(self.actor_target),
         )
         self.targets.append((self.actor_targets, self.actors))
@@ -474,12 +475,6 @@ class VectorizedTD3(VectorizedOffPolicy):
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.actor_targets]
-
-    def _single_parts(
-        self, algorithm: EnsembleCriticAlgorithm
-    ) -> list[tuple[MemberFlat, list[Tensor], torch.optim.Optimizer | None]]:
-        td3: TD3 = algorithm  # type: ignore[assignment]
-        return [*super()._single_parts(td3), (self.actor_targets, list(td3.actor_target.parameters()), None)]
 
     def explore(self, obs: Tensor) -> Tensor:
         """DDPG.explore per member: Gaussian noise of the member's scale, clipped to [-1, 1]."""
