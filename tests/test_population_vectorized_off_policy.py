@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
 import phalanx
+from phalanx.config import save_yaml
 from phalanx.errors import ConfigError
 from phalanx.population.vectorized_off_policy import VectorizedOffPolicy, VectorizedSAC, VectorizedTD3
+from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.trainer import Trainer
 
 SMALL = dict(num_envs=2, hidden_sizes=(8, 8), learning_starts=32, batch_size=16, buffer_size=400,
@@ -119,3 +123,63 @@ def test_state_dict_resumes_exactly_and_copy_member_copies():
     assert torch.equal(population.actors.flat[1], population.actors.flat[0])
     assert torch.equal(population.critics.flat[2:4], population.critics.flat[0:2])
     assert population.hyperparameters(1)["gamma"] == 0.9
+
+
+def assert_algorithm_states_close(mine: dict, theirs: dict) -> None:
+    """Two single-run algorithm states: networks, temperature and every optimiser's Adam state (step,
+    moments, learning rate) equal within float rounding."""
+    assert mine.keys() == theirs.keys()
+    for key, value in mine.items():
+        if key == "updates":
+            assert value == theirs[key]
+        elif key.endswith("optimizer"):
+            assert value["param_groups"][0]["lr"] == pytest.approx(theirs[key]["param_groups"][0]["lr"])
+            (adam,), (their_adam,) = value["state"].values(), theirs[key]["state"].values()
+            assert float(adam["step"]) == float(their_adam["step"]), key
+            for moment in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(adam[moment], their_adam[moment], atol=1e-5, rtol=1e-4, msg=key)
+        elif isinstance(value, dict):
+            for name, tensor in value.items():
+                torch.testing.assert_close(tensor, theirs[key][name], atol=1e-5, rtol=1e-4, msg=key)
+        else:
+            torch.testing.assert_close(value, theirs[key], atol=1e-5, rtol=1e-4, msg=key)
+
+
+@pytest.mark.parametrize(
+    ("population_class", "algo", "values"),
+    [
+        (VectorizedSAC, "sac", {"learning_rate": 2e-3, "alpha_learning_rate": 1e-2}),
+        (VectorizedTD3, "td3", {"critic_learning_rate": 2e-3, "tau": 0.01}),
+    ],
+    ids=["sac", "td3"],
+)
+def test_member_agent_state_is_an_ordinary_checkpoint(tmp_path, population_class, algo, values):
+    population = population_class(small_config(algo), [5, 6], [{}, values])
+    population.train(STEPS)
+    member = 1
+    state = population.member_agent_state(member)
+    # tensors and primitives only, as a Trainer checkpoint
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert state["config"]["seed"] == 6 and state["progress"]["steps"] == STEPS
+
+    # the member's algorithm state, Adam moments in the single run's layout, is its single run's
+    single = single_run(tmp_path, algo, 6, values)
+    assert_algorithm_states_close(state["algorithm"], single.algorithm.state_dict())
+
+    # written into a run directory, phalanx.load_agent acts as the member does
+    config = population.member_config(member)
+    run_dir = tmp_path / "member"
+    run_dir.mkdir()
+    save_yaml(config, run_dir / "config.yaml")
+    CheckpointManager(run_dir).save(population.steps, state)
+    agent = phalanx.load_agent(run_dir, checkpoint="latest")
+    obs = population.obs.view(2, 2, -1)  # (P, N, obs_dim): no normalisation, so raw observations
+    mine = population.deterministic(obs)[member]
+    theirs = agent.act(obs[member])  # the agent rescales [-1, 1] to the env's bounds [-2, 2]
+    torch.testing.assert_close(theirs, mine * 2.0, atol=1e-5, rtol=1e-4)
+    evaluation = phalanx.evaluate(run_dir, episodes=2, checkpoint="latest")
+    assert evaluation.mean == pytest.approx(float(population.evaluate(2)[member]), rel=1e-4)
+    population.close()
