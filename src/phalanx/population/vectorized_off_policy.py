@@ -22,7 +22,7 @@ rounding: batched matmuls and a batched Adam). Tests check it.
 
 What is not off-policy specific (seeds and generators, member hyperparameters, the member env,
 evaluation, copying members, the state dict, a member as a single run's checkpoint) is
-:class:`~phalanx.population.vectorized.VectorizedPopulation`'s; a round here is one VecEnv step of every
+:class:`~phalanx.population.vectorized_base.VectorizedPopulation`'s; a round here is one VecEnv step of every
 member and the updates it owes.
 """
 
@@ -47,7 +47,7 @@ from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
 from phalanx.nets import EnsembleMLP
 from phalanx.optim import VectorizedAdam, flatten_parameters, load_adam_state
-from phalanx.population.vectorized import SingleLayout, VectorizedPopulation, ensemble_linear_weights
+from phalanx.population.vectorized_base import SingleLayout, VectorizedPopulation, ensemble_linear_weights
 
 GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 """torch's one-time hint when a .grad is a view of a flat gradient tensor (flatten_parameters), on purpose."""
