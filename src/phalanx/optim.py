@@ -15,10 +15,17 @@ a module afterwards gives it new tensors the optimiser does not hold), load weig
 (``copy.deepcopy`` of a module gives it new tensors that are no longer views). A gradient that
 something else replaced (``module.zero_grad()`` sets them to None; backward then allocates new ones)
 is copied back into the buffer at the next step, so no gradient is lost.
+
+P members of a vectorized population (networks whose parameters are ``(P, ...)``) get the same
+treatment with a member dimension: :func:`flatten_parameters` makes their parameters views of one
+``(P, D)`` buffer, :class:`VectorizedAdam` steps it with a learning rate per member, and
+:func:`clip_member_grad_norm` clips each member's gradient on its own.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -133,6 +140,18 @@ def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Opti
     return FlatAdam(parameters, **kwargs)
 
 
+def load_adam_state(
+    optimizer: torch.optim.Optimizer, learning_rate: float, step: float, exp_avg: Tensor, exp_avg_sq: Tensor
+) -> None:
+    """Set a single run's flat Adam (:func:`make_adam`) to ``learning_rate``, ``step`` and the moments
+    (laid out as its flat buffer): a vectorized population's member handed over as an ordinary run."""
+    state = optimizer.state_dict()
+    state["param_groups"][0]["lr"] = learning_rate
+    if step > 0:
+        state["state"] = {0: {"step": torch.tensor(step), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}}
+    optimizer.load_state_dict(state)
+
+
 def gradients(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """The gradients ``optimizer`` steps on (one tensor for a flat optimiser)."""
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -151,3 +170,98 @@ def clip_grad_norm(grads: list[Tensor], max_norm: float) -> Tensor:
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, scale)
     return norm
+
+
+def clip_member_grad_norm(gradients: Tensor, max_norm: Tensor) -> None:
+    """:func:`clip_grad_norm` for each member's row of ``(P, D)`` gradients, with its own ``(P,)``
+    ``max_norm`` (+inf: no clipping for that member)."""
+    norms = torch.linalg.vector_norm(gradients, dim=1)  # (P,)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    gradients.mul_(scale.unsqueeze(1))
+
+
+# -- P members: parameters (P, ...) as one (P, D) buffer ------------------------------------------------
+GRAD_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+"""torch's one-time hint when a .grad is not laid out like a dense parameter (flatten_parameters' views)."""
+
+
+def flatten_parameters(parameters: Sequence[nn.Parameter]) -> tuple[Tensor, Tensor]:
+    """Put P-member parameters (each ``(P, ...)``) into one ``(P, D)`` tensor, their gradients into another.
+
+    Each parameter's data becomes a view of a range of columns of ``flat``, and its ``.grad`` a view of
+    the same columns of ``flat_grad`` (autograd accumulates into an existing ``.grad`` in place). The
+    optimiser, the per-member gradient clipping and copying a member then act on every member's whole
+    parameter vector in a few ops, however many tensors the networks have. Zero ``flat_grad`` (never set
+    the grads to None) before each backward pass (:func:`member_backward`), and do not move the modules
+    afterwards (``.to()`` would give the parameters new storage).
+    """
+    first = parameters[0]
+    num_members = first.shape[0]
+    sizes = [parameter[0].numel() for parameter in parameters]
+    flat = torch.empty(num_members, sum(sizes), device=first.device, dtype=first.dtype)  # (P, D)
+    flat_grad = torch.zeros_like(flat)  # (P, D)
+    start = 0
+    for parameter, size in zip(parameters, sizes, strict=True):
+        columns = slice(start, start + size)
+        flat[:, columns].copy_(parameter.detach().reshape(num_members, size))
+        parameter.data = flat[:, columns].view(parameter.shape)
+        parameter.grad = flat_grad[:, columns].view(parameter.shape)
+        start += size
+    return flat, flat_grad
+
+
+def member_backward(losses: Tensor) -> None:
+    """Backward of the members' ``(P,)`` losses into :func:`flatten_parameters`' gradient views (zeroed
+    before): members share no parameter, so the sum gives each member the gradient of its own loss."""
+    with warnings.catch_warnings():  # the grads are strided views of the flat gradients, on purpose
+        warnings.filterwarnings("ignore", message=GRAD_LAYOUT_WARNING)
+        losses.sum().backward()
+
+
+class VectorizedAdam:
+    """Adam over the ``(P, D)`` flat parameters of P members, with its own learning rate per member.
+
+    The update rule of ``torch.optim.Adam`` (no weight decay, no amsgrad), with a step count, bias
+    corrections and learning rate per member: a fixed number of whole-tensor ops per step, whatever P.
+    The scalars (bias corrections, step size) are computed in float64 as torch does in Python floats,
+    then used in the parameters' dtype.
+    """
+
+    state_names = ("exp_avg", "exp_avg_sq", "steps")
+
+    def __init__(
+        self,
+        parameters: Tensor,
+        gradients: Tensor,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-5,
+    ) -> None:
+        self.parameters = parameters  # (P, D)
+        self.gradients = gradients  # (P, D)
+        self.betas = betas
+        self.eps = eps
+        self.exp_avg = torch.zeros_like(parameters)  # (P, D)
+        self.exp_avg_sq = torch.zeros_like(parameters)  # (P, D)
+        self.steps = torch.zeros(parameters.shape[0], dtype=torch.float64, device=parameters.device)  # (P,)
+
+    @torch.no_grad()
+    def step(self, learning_rate: Tensor) -> None:
+        """One Adam step of every member on ``gradients``; ``learning_rate`` is ``(P,)`` float64."""
+        beta1, beta2 = self.betas
+        dtype = self.parameters.dtype
+        self.steps += 1
+        self.exp_avg.lerp_(self.gradients, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(self.gradients, self.gradients, value=1 - beta2)
+        bias_correction1 = 1 - beta1**self.steps  # (P,)
+        bias_correction2_sqrt = (1 - beta2**self.steps).sqrt()  # (P,)
+        step_size = (learning_rate / bias_correction1).to(dtype).unsqueeze(1)  # (P, 1)
+        denom = self.exp_avg_sq.sqrt().div_(bias_correction2_sqrt.to(dtype).unsqueeze(1)).add_(self.eps)
+        # param + (-step_size * exp_avg) / denom: torch's addcdiv_(exp_avg, denom, value=-step_size)
+        self.parameters.addcdiv_(self.exp_avg * -step_size, denom)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name).clone() for name in self.state_names}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for name in self.state_names:
+            getattr(self, name).copy_(state[name])

@@ -1,7 +1,7 @@
-"""DDPG, and the ensemble-critic machinery that TD3, SAC and REDQ build on.
+"""DDPG, and the ensemble-critic learning rule that TD3, SAC and REDQ build on.
 
 The K critics are one :class:`~phalanx.nets.EnsembleMLP` (a leading member dimension, batched
-matmuls), not a loop of K modules. :meth:`EnsembleCriticAlgorithm.update`, top to bottom:
+matmuls), not a loop of K modules. :meth:`EnsembleCriticRule.update`, top to bottom:
 
 1. the TD target ``r + discount * V(s')`` where ``V(s')`` reduces the K target critics at the next
    action by ``min``, ``mean`` or REDQ's ``min`` over a random subset of M; subclasses choose the next
@@ -11,12 +11,21 @@ matmuls), not a loop of K modules. :meth:`EnsembleCriticAlgorithm.update`, top t
    entropy term for SAC) and a Polyak step of the target networks.
 
 ``discount`` folds in n-step returns and terminal states (``phalanx.buffers.ReplayBatch``).
+
+The rule is written once, for one algorithm or for P members trained as one batched run
+(``phalanx.population.vectorized_off_policy``): its *learner* holds the networks, the random draws and
+the optimiser steps, and the networks, the batch and any hyperparameter may carry a leading member
+dimension ``(P, ...)`` (a member's K critics are then rows ``[p * K, (p + 1) * K)`` of one ensemble).
+Every random draw goes through the learner's :class:`Draws`, so that each member of a population can
+draw exactly what its own single run draws.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
@@ -29,6 +38,7 @@ from phalanx.nets import EnsembleMLP, mlp, obs_dim
 from phalanx.optim import make_adam
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -86,11 +96,149 @@ class DDPGConfig(EnsembleCriticConfig):
         check(self.exploration_noise >= 0, "exploration_noise", self.exploration_noise, ">= 0")
 
 
+# -- the learning rule, written once --------------------------------------------------------------
+def member_view(value: Any, like: Tensor) -> Any:
+    """A hyperparameter ready to broadcast against ``like`` ``(P, ...)``: a Python scalar (or a 0-d
+    tensor) as it is, a ``(P,)`` tensor of per-member values as ``(P, 1, ..., 1)``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 1:
+        return value.view(-1, *([1] * (like.dim() - 1)))
+    return value
+
+
+class Draws:
+    """The random draws of a learning rule, from torch's global generator (a single run).
+
+    A vectorized population passes its own, which draws each member's slice from that member's
+    generator; the values and their order are the rule's, whoever draws them.
+    """
+
+    def normal(self, like: Tensor) -> Tensor:
+        """Standard normal noise shaped like ``like``."""
+        return torch.randn_like(like)
+
+    def subset(self, size: int, count: int, device: torch.device) -> Tensor:
+        """``count`` distinct indices in ``range(size)``: ``(count,)``, or ``(P, count)`` for P members."""
+        return torch.randperm(size, device=device)[:count]
+
+
+GLOBAL_DRAWS = Draws()
+"""The draws of every single run (the class holds no state)."""
+
+
+def q_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
+    """Q of every critic: ``(K, B)`` for obs ``(B, obs_dim)``; ``(P, K, B)`` for obs ``(P, B, obs_dim)``
+    and a critic of ``P * K`` members (member p's K critics see member p's rows)."""
+    inputs = torch.cat([obs, actions], dim=-1)  # (*lead, B, in)
+    lead, rows = inputs.shape[:-2], inputs.shape[-2:]
+    critics = critic.num_members // math.prod(lead)
+    expanded = inputs.unsqueeze(-3).expand(*lead, critics, *rows).reshape(-1, *rows)
+    return critic(expanded).view(*lead, critics, rows[0])
+
+
+def reduce_critics(q_values: Tensor, hp: Any, draws: Draws, dim: int = -2) -> Tensor:
+    """Combine target critics (K along ``dim``) into one value by ``hp.target_reduction``: min, mean, or
+    REDQ's min over a random subset of ``hp.target_subset`` members, redrawn every update."""
+    if hp.target_reduction == "mean":
+        return q_values.mean(dim=dim)
+    if hp.target_reduction == "redq":
+        subset = draws.subset(q_values.shape[dim], hp.target_subset, q_values.device)  # (M,) or (P, M)
+        if subset.dim() == 1:
+            q_values = q_values.index_select(dim, subset)
+        else:  # (P, M) rows of (P, K, B)
+            q_values = q_values.gather(dim, subset.unsqueeze(-1).expand(*subset.shape, q_values.shape[-1]))
+    return q_values.min(dim=dim).values
+
+
+class EnsembleCriticLearner(Protocol):
+    """What :class:`EnsembleCriticRule` needs of a learner: one algorithm, or P members at once."""
+
+    actor: nn.Module
+    critic: EnsembleMLP
+    critic_target: EnsembleMLP
+    draws: Draws
+    updates: int
+
+    def step_critic(self, loss: Tensor) -> None:
+        """One optimiser step of the critics on ``loss`` (``(P,)``: each member's own)."""
+
+    def step_actor(self, loss: Tensor) -> None:
+        """One optimiser step of the actor on ``loss``."""
+
+    def set_critic_grad(self, requires_grad: bool) -> None: ...
+
+    def update_targets(self) -> None:
+        """A Polyak step of the target networks (``tau`` per member)."""
+
+
+class EnsembleCriticRule:
+    """The update of DDPG, TD3, SAC and REDQ as functions of (learner, batch, hyperparameters).
+
+    ``hp`` has the fields of the algorithm's config; the ones a population varies per member are
+    ``(P,)`` tensors there. Subclasses choose the next value and the actor's loss.
+    """
+
+    @classmethod
+    def update(cls, learner: Any, batch: ReplayBatch, hp: Any) -> dict[str, Tensor]:
+        """One update of ``learner`` on ``batch``; scalar metrics (``(P,)`` for a population)."""
+        with torch.no_grad():
+            targets = batch.rewards + batch.discounts * cls.next_value(learner, batch.next_obs, hp)  # (B,)
+        q = q_values(learner.critic, batch.obs, batch.actions)  # (K, B)
+        critic_loss = (q - targets.unsqueeze(-2)).pow(2).mean(dim=-1).sum(dim=-1)
+        learner.step_critic(critic_loss)
+        learner.updates += 1
+
+        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(dim=(-2, -1))}
+        if learner.updates % hp.policy_delay == 0:
+            learner.set_critic_grad(False)  # the actor's loss moves the actor only
+            actor_loss, actor_metrics = cls.actor_loss(learner, batch.obs, hp)
+            learner.step_actor(actor_loss)
+            learner.set_critic_grad(True)
+            cls.after_actor_step(learner, actor_metrics, hp)
+            learner.update_targets()
+            metrics.update(
+                actor_loss=actor_loss.detach(), **{k: v.detach() for k, v in actor_metrics.items()}
+            )
+        return metrics
+
+    @classmethod
+    def next_value(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
+        """V(s') of the TD target, (B,)."""
+        raise NotImplementedError
+
+    @classmethod
+    def actor_loss(cls, learner: Any, obs: Tensor, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    @classmethod
+    def after_actor_step(cls, learner: Any, actor_metrics: dict[str, Tensor], hp: Any) -> None:
+        """Hook after each actor step (SAC tunes its temperature here)."""
+
+
+class DDPGRule(EnsembleCriticRule):
+    """A deterministic actor: the target actor's action at s', ``-Q(s, pi(s))`` for the actor."""
+
+    @classmethod
+    def next_actions(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
+        return learner.actor_target(next_obs)
+
+    @classmethod
+    def next_value(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
+        q_next = q_values(learner.critic_target, next_obs, cls.next_actions(learner, next_obs, hp))
+        return reduce_critics(q_next, hp, learner.draws)  # (B,)
+
+    @classmethod
+    def actor_loss(cls, learner: Any, obs: Tensor, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
+
+
 class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
     """The critic machinery shared by DDPG, TD3, SAC and REDQ; subclasses supply the actor."""
 
     action_spaces = (gym.spaces.Box,)
     config: EnsembleCriticConfig
+    rule: ClassVar[type[EnsembleCriticRule]] = EnsembleCriticRule
+    """The learning rule; :meth:`update` applies it to this algorithm's networks and config."""
+    draws: ClassVar[Draws] = GLOBAL_DRAWS
 
     def __init__(
         self, config: EnsembleCriticConfig, observation_space: gym.Space, action_space: gym.Space, device
@@ -110,67 +258,35 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         self.critic_optimizer = make_adam(self.critic_parameters, lr=critic_lr)
         self.updates = 0
 
-    # -- what subclasses define ------------------------------------------------------------------
     def make_actor(self) -> nn.Module:
         raise NotImplementedError
 
-    def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
-        """V(s') of the TD target, (B,)."""
-        raise NotImplementedError
+    def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
+        return self.rule.update(self, batch, self.config)
 
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        raise NotImplementedError
+    def reduce_critics(self, q_values: torch.Tensor) -> torch.Tensor:
+        """Combine target critics ``(K, ...)`` over dim 0 as the config says (MADDPG's per-group values)."""
+        return reduce_critics(q_values, self.config, GLOBAL_DRAWS, dim=0)
+
+    # -- the learner's side of the rule: optimiser steps ----------------------------------------
+    def step_critic(self, loss: torch.Tensor) -> None:
+        self.minimize(self.critic_optimizer, loss)
+
+    def step_actor(self, loss: torch.Tensor) -> None:
+        self.minimize(self.actor_optimizer, loss)
+
+    def minimize(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer_step(optimizer)
 
     def update_targets(self) -> None:
         self.critic_polyak.update(self.config.tau)
-
-    # -- the shared critic -----------------------------------------------------------------------
-    def q_values(self, critic: EnsembleMLP, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Q of every member, (K, B)."""
-        return critic(torch.cat([obs, actions], dim=-1)).squeeze(-1)
-
-    def reduce_critics(self, q_values: torch.Tensor) -> torch.Tensor:
-        """Combine the target critics (K, B) into one value (B,)."""
-        reduction = self.config.target_reduction
-        if reduction == "mean":
-            return q_values.mean(dim=0)
-        if reduction == "redq":  # min over a random subset of M members, redrawn every update
-            subset = torch.randperm(q_values.shape[0], device=q_values.device)[: self.config.target_subset]
-            return q_values[subset].min(dim=0).values
-        return q_values.min(dim=0).values
-
-    def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            targets = batch.rewards + batch.discounts * self.next_value(batch.next_obs)  # (B,)
-        q_values = self.q_values(self.critic, batch.obs, batch.actions)  # (K, B)
-        critic_loss = (q_values - targets).pow(2).mean(dim=1).sum()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.optimizer_step(self.critic_optimizer)
-        self.updates += 1
-
-        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_values.detach().mean()}
-        if self.updates % self.config.policy_delay == 0:
-            self.set_critic_grad(False)  # the actor's loss moves the actor only
-            actor_loss, actor_metrics = self.actor_loss(batch.obs)
-            self.actor_optimizer.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.optimizer_step(self.actor_optimizer)
-            self.set_critic_grad(True)
-            self.after_actor_step(actor_metrics)
-            self.update_targets()
-            metrics.update(
-                actor_loss=actor_loss.detach(), **{k: v.detach() for k, v in actor_metrics.items()}
-            )
-        return metrics
 
     def set_critic_grad(self, requires_grad: bool) -> None:
         """``critic.requires_grad_`` on the cached parameter list (no walk over the submodules)."""
         for parameter in self.critic_parameters:
             parameter.requires_grad_(requires_grad)
-
-    def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
-        """Hook after each actor step (SAC tunes its temperature here)."""
 
 
 class GaussianExploration(ExplorationPolicy):
@@ -193,6 +309,7 @@ class DDPG(EnsembleCriticAlgorithm):
     name = "ddpg"
     config_class = DDPGConfig
     config: DDPGConfig
+    rule = DDPGRule
 
     def __init__(self, config: DDPGConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
@@ -212,16 +329,6 @@ class DDPG(EnsembleCriticAlgorithm):
 
     def exploration_policy(self) -> GaussianExploration:
         return self.exploration
-
-    def next_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
-        return self.actor_target(next_obs)
-
-    def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
-        q_next = self.q_values(self.critic_target, next_obs, self.next_actions(next_obs))  # (K, B)
-        return self.reduce_critics(q_next)
-
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return -self.q_values(self.critic, obs, self.actor(obs)).mean(), {}
 
     def update_targets(self) -> None:
         super().update_targets()

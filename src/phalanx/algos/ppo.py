@@ -1,6 +1,8 @@
 """PPO and its sibling A2C: on-policy actor-critic learning from a (T, N) rollout.
 
-The whole learning rule is in :meth:`PPO.update`, top to bottom:
+The learning rule is written once, in :func:`actor_critic_loss`: the loss of a minibatch, as a function
+of (networks, batch, hyperparameters), for one agent or for P members at once (a leading member dim on
+the batch, ``(P, 1)`` hyperparameter tensors; see its docstring). :meth:`PPO.update` drives it:
 
 1. value of every true next observation (``next_obs`` is the final observation where an episode
    ended), so that truncated episodes bootstrap and terminated ones do not;
@@ -9,12 +11,15 @@ The whole learning rule is in :meth:`PPO.update`, top to bottom:
    ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``,
    with optional value clipping, gradient-norm clipping and a KL early stop.
 
-A2C is the same machinery with one full-batch pass, the plain policy-gradient loss and RMSprop.
+A2C is the same machinery with one full-batch pass, the plain policy-gradient loss (``clip_range``
+None) and RMSprop. The vectorized population (:mod:`phalanx.population.vectorized`) drives the same
+rule for P members.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import gymnasium as gym
 import torch
@@ -24,6 +29,11 @@ from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
 from phalanx.optim import FlatRMSprop, make_adam
+
+Tensor = torch.Tensor
+Hyperparameter = float | Tensor
+"""A Python float for one agent, or a ``(P, 1)`` float64 tensor: one value per member, broadcasting over
+the samples (float64 as a Python float is; the rule casts it to the samples' dtype where it uses it)."""
 
 
 @dataclass
@@ -121,6 +131,131 @@ class A2CConfig(ActorCriticConfig):
         check(self.rmsprop_eps > 0, "rmsprop_eps", self.rmsprop_eps, "> 0")
 
 
+# -- the learning rule ---------------------------------------------------------------------------------
+class ActorCriticBatch(NamedTuple):
+    """A minibatch: ``(B, ...)`` samples of one agent, or ``(P, B, ...)`` for P members (member p's
+    samples in row p). ``critic_obs`` is the value function's input (``obs`` unless a centralised critic
+    reads the global state)."""
+
+    obs: Tensor
+    actions: Tensor
+    old_log_probs: Tensor
+    advantages: Tensor
+    old_values: Tensor
+    returns: Tensor
+    critic_obs: Tensor
+
+
+class ActorCriticHyperparameters(NamedTuple):
+    """The hyperparameters of :func:`actor_critic_loss`, each a :data:`Hyperparameter`."""
+
+    value_coef: Hyperparameter
+    entropy_coef: Hyperparameter
+    clip_range: Hyperparameter | None
+    """PPO's ratio clip e; None: A2C's plain policy gradient ``-log pi(a|s) * A``."""
+    clip_value: Hyperparameter | None
+    """Clip the value update around the old value by this; None (or +inf for a member): no clipping."""
+    normalize_advantages: bool
+
+
+class ActorCriticLoss(NamedTuple):
+    """What :func:`actor_critic_loss` returns. ``loss`` and the ``metrics`` (policy_loss, value_loss,
+    entropy) are scalars for one agent, ``(P,)`` for P members; ``ratio`` and ``log_ratio`` are every
+    sample's probability ratio (detached), for :func:`ratio_metrics` and the KL early stop."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor]
+    ratio: Tensor
+    log_ratio: Tensor
+
+
+def actor_critic_loss(
+    policy: CategoricalPolicy | GaussianPolicy,
+    value: ValueNet,
+    batch: ActorCriticBatch,
+    hyperparameters: ActorCriticHyperparameters,
+) -> ActorCriticLoss:
+    """The PPO (or A2C) loss of a minibatch, for one agent or for P members at once.
+
+    ``policy`` and ``value`` take the batch as it comes: ``(B, obs_dim)`` for one agent's networks,
+    ``(P, B, obs_dim)`` for P members' batched networks (``phalanx.nets.Member*``). Every reduction is
+    over the last (sample) dim, so member p's loss depends on its own samples and hyperparameters only:
+    summing the members' losses and calling backward gives each member the gradient of its own loss.
+    """
+    config = hyperparameters
+    log_probs, entropy = policy.log_prob_entropy(batch.obs, batch.actions)
+    log_ratio = log_probs - batch.old_log_probs
+    ratio = log_ratio.exp()
+    advantages = batch.advantages
+    if config.normalize_advantages and advantages.shape[-1] > 1:
+        advantages = (advantages - advantages.mean(dim=-1, keepdim=True)) / (
+            advantages.std(dim=-1, keepdim=True) + 1e-8
+        )
+    if config.clip_range is None:  # A2C
+        policy_loss = -(log_probs * advantages).mean(dim=-1, keepdim=True)
+    else:  # the clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A)
+        low, high = _like(1 - config.clip_range, ratio), _like(1 + config.clip_range, ratio)
+        surrogate = torch.min(ratio * advantages, ratio.clamp(low, high) * advantages)
+        policy_loss = -surrogate.mean(dim=-1, keepdim=True)
+    value_loss = _value_loss(value(batch.critic_obs), batch.old_values, batch.returns, config.clip_value)
+    entropy_mean = entropy.mean(dim=-1, keepdim=True)
+    loss = policy_loss + _like(config.value_coef, value_loss) * value_loss
+    entropy_coef = config.entropy_coef
+    if isinstance(entropy_coef, Tensor) or entropy_coef != 0:  # a zero coefficient adds nothing
+        loss = loss - _like(entropy_coef, entropy_mean) * entropy_mean
+    metrics = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_mean}
+    return ActorCriticLoss(
+        loss.squeeze(-1),
+        {name: metric.detach().squeeze(-1) for name, metric in metrics.items()},
+        ratio.detach(),
+        log_ratio.detach(),
+    )
+
+
+def _value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip_value: Hyperparameter | None
+) -> Tensor:
+    """Squared error to the GAE returns; with clip_value, the pessimum of clipped and unclipped (a member
+    whose clip_value is +inf keeps its unclipped error exactly)."""
+    errors = (values - returns).pow(2)
+    if clip_value is not None:
+        clip = _like(clip_value, values)
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        pessimum = torch.max(errors, (clipped - returns).pow(2))
+        errors = torch.where(torch.isfinite(clip), pessimum, errors) if isinstance(clip, Tensor) else pessimum
+    return 0.5 * errors.mean(dim=-1, keepdim=True)
+
+
+def ratio_metrics(ratio: Tensor, log_ratio: Tensor, clip_range: Hyperparameter | None) -> dict[str, Tensor]:
+    """The approximate KL (Schulman's unbiased estimator) and, for PPO, the clipped fraction, of the
+    probability ratios ``(..., B)``: means over the last dim."""
+    metrics = {"approx_kl": ((ratio - 1) - log_ratio).mean(dim=-1)}
+    if clip_range is not None:  # a (P, 1) clip_range broadcasts over the (P, B) ratios
+        metrics["clip_fraction"] = ((ratio - 1).abs() > _like(clip_range, ratio)).float().mean(dim=-1)
+    return metrics
+
+
+def rollout_advantages(
+    rollout: RolloutBuffer, next_values: Tensor, gamma: Hyperparameter, gae_lambda: Hyperparameter
+) -> tuple[Tensor, Tensor]:
+    """GAE advantages and returns ``(T, N)`` of a rollout, from the value of every step's true next
+    observation ``(T, N)``; ``gamma`` and ``gae_lambda`` are floats, or ``(N,)`` tensors (one per row)."""
+    return compute_gae(
+        rollout.rewards,
+        rollout.values,
+        next_values,
+        rollout.terminated,
+        rollout.dones,
+        gamma,  # type: ignore[arg-type]  # a tensor broadcasts like a float
+        gae_lambda,  # type: ignore[arg-type]
+    )
+
+
+def _like(hyperparameter: Hyperparameter, samples: Tensor) -> Hyperparameter:
+    """A tensor hyperparameter in the samples' dtype (a Python float is cast by the op itself)."""
+    return hyperparameter.to(samples.dtype) if isinstance(hyperparameter, Tensor) else hyperparameter
+
+
 class PPO(Algorithm):
     name = "ppo"
     config_class = PPOConfig
@@ -191,15 +326,7 @@ class PPO(Algorithm):
         # 1-2. Advantages from the value of each step's true next observation (or global state).
         with torch.no_grad():
             next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
-        advantages, returns = compute_gae(
-            rollout.rewards,
-            rollout.values,
-            next_values,
-            rollout.terminated,
-            rollout.dones,
-            config.gamma,
-            config.gae_lambda,
-        )
+        advantages, returns = rollout_advantages(rollout, next_values, config.gamma, config.gae_lambda)
 
         obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
         # (T*N, critic_dim): the value function's input, obs itself or (centralised critic) the global state
@@ -214,7 +341,8 @@ class PPO(Algorithm):
         targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
 
         # 3. Minibatch epochs. The metrics are computed once, after them, from what each step kept.
-        losses: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (policy, value, entropy)
+        hyperparameters = self.loss_hyperparameters()
+        step_metrics: list[dict[str, torch.Tensor]] = []  # policy_loss, value_loss, entropy of each step
         ratios: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ratio, log_ratio) of each step
         for _epoch in range(self.num_epochs()):
             for index in torch.randperm(batch_size, device=self.device).split(
@@ -222,43 +350,34 @@ class PPO(Algorithm):
             ):
                 minibatch_obs = obs[index]
                 mb_old_log_probs, mb_advantages, mb_old_values, mb_returns = targets.index_select(1, index)
-                log_probs, entropy = self.policy.log_prob_entropy(minibatch_obs, actions[index])
-                log_ratio = log_probs - mb_old_log_probs
-                ratio = log_ratio.exp()
-                if config.normalize_advantages and len(index) > 1:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                policy_loss = self.policy_loss(ratio, log_probs, mb_advantages)
-                critic_input = minibatch_obs if critic_obs is obs else critic_obs[index]
-                value_loss = self.value_loss(self.value(critic_input), mb_old_values, mb_returns)
-                entropy_mean = entropy.mean()
-                loss = policy_loss + config.value_coef * value_loss
-                if config.entropy_coef != 0:  # with a zero coefficient the entropy term adds nothing
-                    loss = loss - config.entropy_coef * entropy_mean
-
+                batch = ActorCriticBatch(
+                    minibatch_obs,
+                    actions[index],
+                    mb_old_log_probs,
+                    mb_advantages,
+                    mb_old_values,
+                    mb_returns,
+                    minibatch_obs if critic_obs is obs else critic_obs[index],
+                )
+                result = actor_critic_loss(self.policy, self.value, batch, hyperparameters)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                result.loss.backward()
                 self.optimizer_step(self.optimizer, config.max_grad_norm)
-                losses.append((policy_loss.detach(), value_loss.detach(), entropy_mean.detach()))
-                ratios.append((ratio.detach(), log_ratio.detach()))
+                step_metrics.append(result.metrics)
+                ratios.append((result.ratio, result.log_ratio))
             if self.stop_early(*ratios[-1]):
                 break
 
         with torch.no_grad():  # losses: means over the gradient steps; the rest: over all their samples
-            policy_losses, value_losses, entropies = (
-                torch.stack(values) for values in zip(*losses, strict=True)
-            )
-            ratio, log_ratio = (torch.cat(values) for values in zip(*ratios, strict=True))  # every sample's
             metrics = {
-                "policy_loss": policy_losses.mean(),
-                "value_loss": value_losses.mean(),
-                "entropy": entropies.mean(),
-                "approx_kl": ((ratio - 1) - log_ratio).mean(),  # Schulman's unbiased estimator
-                **self.ratio_metrics(ratio),
+                name: torch.stack([step[name] for step in step_metrics]).mean() for name in step_metrics[0]
             }
+            ratio, log_ratio = (torch.cat(values) for values in zip(*ratios, strict=True))  # every sample's
+            metrics.update(ratio_metrics(ratio, log_ratio, hyperparameters.clip_range))
             explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
         metrics["explained_variance"] = explained
         metrics["learning_rate"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
-        metrics["gradient_steps"] = torch.tensor(float(len(losses)))
+        metrics["gradient_steps"] = torch.tensor(float(len(step_metrics)))
         return metrics
 
     # The pieces where A2C differs.
@@ -268,28 +387,16 @@ class PPO(Algorithm):
     def minibatch_size(self, batch_size: int) -> int:
         return self.config.minibatch_size
 
-    def policy_loss(
-        self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
-    ) -> torch.Tensor:
-        """The clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A), averaged."""
-        e = self.config.clip_range
-        return -torch.min(ratio * advantages, ratio.clamp(1 - e, 1 + e) * advantages).mean()
-
-    def ratio_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Metrics of the probability ratios of every sample of every gradient step: the clipped fraction."""
-        return {"clip_fraction": ((ratio - 1).abs() > self.config.clip_range).float().mean()}
-
-    def value_loss(
-        self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
-    ) -> torch.Tensor:
-        """Squared error to the GAE returns; with clip_value, the pessimum of clipped and unclipped."""
-        loss = (values - returns).pow(2)
-        if self.config.clip_value is not None:
-            clipped = old_values + (values - old_values).clamp(
-                -self.config.clip_value, self.config.clip_value
-            )
-            loss = torch.max(loss, (clipped - returns).pow(2))
-        return 0.5 * loss.mean()
+    def loss_hyperparameters(self) -> ActorCriticHyperparameters:
+        """The config's values of :func:`actor_critic_loss`'s hyperparameters."""
+        config = self.config
+        return ActorCriticHyperparameters(
+            config.value_coef,
+            config.entropy_coef,
+            config.clip_range,
+            config.clip_value,
+            config.normalize_advantages,
+        )
 
     def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
         """After an epoch: whether the approximate KL of its last step exceeds target_kl."""
@@ -322,18 +429,12 @@ class A2C(PPO):
     def minibatch_size(self, batch_size: int) -> int:
         return batch_size
 
-    def policy_loss(
-        self, ratio: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor
-    ) -> torch.Tensor:
-        return -(log_probs * advantages).mean()
-
-    def ratio_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {}
-
-    def value_loss(
-        self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
-    ) -> torch.Tensor:
-        return 0.5 * (values - returns).pow(2).mean()
+    def loss_hyperparameters(self) -> ActorCriticHyperparameters:
+        """The plain policy gradient, no value clipping."""
+        config = self.config
+        return ActorCriticHyperparameters(
+            config.value_coef, config.entropy_coef, None, None, config.normalize_advantages
+        )
 
     def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
         return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -21,7 +22,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algos.base import ExplorationPolicy
-from phalanx.algos.ddpg import EnsembleCriticAlgorithm, EnsembleCriticConfig
+from phalanx.algos.ddpg import (
+    GLOBAL_DRAWS,
+    Draws,
+    EnsembleCriticAlgorithm,
+    EnsembleCriticConfig,
+    EnsembleCriticRule,
+    member_view,
+    q_values,
+    reduce_critics,
+)
 from phalanx.config import TrainConfig, check
 from phalanx.nets import mlp
 from phalanx.optim import make_adam
@@ -65,25 +75,33 @@ class REDQConfig(SACConfig):
 class SquashedGaussianActor(nn.Module):
     """pi(a|s) = tanh(N(mu(s), sigma(s))): actions in (-1, 1) with their exact log-probabilities."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str) -> None:
+    def __init__(self, net: nn.Module) -> None:
+        """``net`` maps observations to ``2 * action_dim`` outputs (:meth:`make` builds it; a population
+        passes an EnsembleMLP of its members' nets, observations then ``(P, B, obs_dim)``)."""
         super().__init__()
-        self.net = mlp(obs_dim, hidden_sizes, 2 * action_dim, activation, output_gain=0.01)
+        self.net = net
+
+    @classmethod
+    def make(
+        cls, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str
+    ) -> SquashedGaussianActor:
+        return cls(mlp(obs_dim, hidden_sizes, 2 * action_dim, activation, output_gain=0.01))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.net(obs).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
+    def sample_action(self, obs: torch.Tensor, draws: Draws = GLOBAL_DRAWS) -> torch.Tensor:
         """An action (B, A) in (-1, 1), the one :meth:`sample` draws, without its log-probability (half
         the ops: acting needs no log-probability, and acting is on the env's critical path)."""
         mean, log_std = self(obs)
-        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+        return torch.tanh(mean + log_std.exp() * draws.normal(mean))
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,)."""
+    def sample(self, obs: torch.Tensor, draws: Draws) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,); the noise from ``draws``."""
         mean, log_std = self(obs)
-        noise = torch.randn_like(mean)
+        noise = draws.normal(mean)
         pre_tanh = mean + log_std.exp() * noise
         gaussian_log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(dim=-1)
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|
@@ -106,11 +124,42 @@ class SampledExploration(ExplorationPolicy):
         return self.actor.sample_action(obs)
 
 
+class SACRule(EnsembleCriticRule):
+    """The soft target and actor loss, and the temperature's step; ``learner.alpha`` and
+    ``learner.target_entropy`` are scalars, or ``(P,)`` for a population."""
+
+    @classmethod
+    def next_value(cls, learner: Any, next_obs: torch.Tensor, hp: Any) -> torch.Tensor:
+        next_actions, next_log_probs = learner.actor.sample(next_obs, learner.draws)
+        q_next = q_values(learner.critic_target, next_obs, next_actions)  # (K, B)
+        q_next = reduce_critics(q_next, hp, learner.draws)  # (B,)
+        return q_next - member_view(learner.alpha, q_next) * next_log_probs
+
+    @classmethod
+    def actor_loss(
+        cls, learner: Any, obs: torch.Tensor, hp: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        actions, log_probs = learner.actor.sample(obs, learner.draws)
+        q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
+        loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
+        return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}
+
+    @classmethod
+    def after_actor_step(cls, learner: Any, actor_metrics: dict[str, torch.Tensor], hp: Any) -> None:
+        log_probs = actor_metrics.pop("log_probs")
+        if hp.learn_alpha:
+            # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:
+            # the same step as autograd's, without a backward pass for one scalar.
+            learner.step_alpha(-(log_probs.mean(dim=-1) + learner.target_entropy))
+        actor_metrics["alpha"] = learner.alpha
+
+
 class SAC(EnsembleCriticAlgorithm):
     name = "sac"
     config_class = SACConfig
     config: SACConfig
     extra_state = ("updates", "log_alpha")
+    rule = SACRule
 
     def __init__(self, config: SACConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
@@ -124,7 +173,7 @@ class SAC(EnsembleCriticAlgorithm):
         self.exploration = SampledExploration(self.actor)
 
     def make_actor(self) -> nn.Module:
-        return SquashedGaussianActor(
+        return SquashedGaussianActor.make(
             self.obs_dim, self.action_dim, self.config.hidden_sizes, self.config.activation
         )
 
@@ -139,25 +188,9 @@ class SAC(EnsembleCriticAlgorithm):
     def exploration_policy(self) -> SampledExploration:
         return self.exploration
 
-    def next_value(self, next_obs: torch.Tensor) -> torch.Tensor:
-        next_actions, next_log_probs = self.actor.sample(next_obs)
-        q_next = self.reduce_critics(self.q_values(self.critic_target, next_obs, next_actions))  # (B,)
-        return q_next - self.alpha * next_log_probs
-
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        actions, log_probs = self.actor.sample(obs)
-        q_values = self.q_values(self.critic, obs, actions).mean(dim=0)  # mean over critics, (B,)
-        loss = (self.alpha * log_probs - q_values).mean()
-        return loss, {"entropy": -log_probs.detach().mean(), "log_probs": log_probs.detach()}
-
-    def after_actor_step(self, actor_metrics: dict[str, torch.Tensor]) -> None:
-        log_probs = actor_metrics.pop("log_probs")
-        if self.config.learn_alpha:
-            # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:
-            # the same step as autograd's, without a backward pass for one scalar.
-            self.log_alpha.grad = -(log_probs.mean() + self.target_entropy)
-            self.optimizer_step(self.alpha_optimizer)
-        actor_metrics["alpha"] = self.alpha
+    def step_alpha(self, gradient: torch.Tensor) -> None:
+        self.log_alpha.grad = gradient
+        self.optimizer_step(self.alpha_optimizer)
 
 
 class REDQ(SAC):

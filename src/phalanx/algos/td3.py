@@ -7,10 +7,11 @@ Gaussian noise on the target action, and an actor updated every ``policy_delay``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from phalanx.algos.ddpg import DDPG, DDPGConfig
+from phalanx.algos.ddpg import DDPG, DDPGConfig, DDPGRule, member_view
 from phalanx.config import TrainConfig, check
 
 
@@ -31,13 +32,19 @@ class TD3Config(DDPGConfig):
         check(self.target_noise_clip >= 0, "target_noise_clip", self.target_noise_clip, ">= 0")
 
 
+class TD3Rule(DDPGRule):
+    """DDPG's rule with target policy smoothing: clipped Gaussian noise on the target action."""
+
+    @classmethod
+    def next_actions(cls, learner: Any, next_obs: torch.Tensor, hp: Any) -> torch.Tensor:
+        actions = learner.actor_target(next_obs)
+        clip = member_view(hp.target_noise_clip, actions)
+        noise = (member_view(hp.target_noise, actions) * learner.draws.normal(actions)).clamp(-clip, clip)
+        return (actions + noise).clamp(-1.0, 1.0)
+
+
 class TD3(DDPG):
     name = "td3"
     config_class = TD3Config
     config: TD3Config
-
-    def next_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
-        actions = self.actor_target(next_obs)
-        clip = self.config.target_noise_clip
-        noise = (self.config.target_noise * torch.randn_like(actions)).clamp(-clip, clip)
-        return (actions + noise).clamp(-1.0, 1.0)
+    rule = TD3Rule
