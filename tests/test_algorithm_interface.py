@@ -16,8 +16,7 @@ from phalanx.algos.dqn import D3QN, DQN, DoubleDQN, DuelingDQN
 from phalanx.algos.ppo import A2C, PPO
 from phalanx.algos.sac import REDQ, SAC
 from phalanx.algos.td3 import TD3
-from phalanx.marl.base import MultiAgentSpec
-from phalanx.marl.core import AgentGroup
+from phalanx.marl.core import AgentGroup, MultiAgentSpec
 from phalanx.marl.maddpg import MADDPG, MATD3
 from phalanx.marl.mappo import IPPO, MAPPO
 from phalanx.marl.qmix import QMIX, VDN

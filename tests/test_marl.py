@@ -11,8 +11,9 @@ import torch
 import phalanx
 from phalanx.buffers import ReplayBuffer
 from phalanx.errors import ConfigError, EnvError
-from phalanx.marl.base import MultiAgentSpec, to_env_actions, with_agent_ids
+from phalanx.marl.base import to_env_actions, with_agent_ids
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
+from phalanx.marl.core import MultiAgentSpec
 from phalanx.marl.mappo import MAPPO, IPPOConfig, MAPPOConfig
 from phalanx.marl.mpe import SimpleSpread, SimpleTag
 from phalanx.marl.trainer import MultiAgentTrainer

@@ -10,9 +10,8 @@ import torch
 import phalanx
 from phalanx.algos.td3 import TD3Config
 from phalanx.errors import ConfigError
-from phalanx.marl.base import MultiAgentSpec
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import AgentGroup
+from phalanx.marl.core import AgentGroup, MultiAgentSpec
 from phalanx.marl.maddpg import MADDPG, MATD3, MADDPGConfig, MATD3Config
 from phalanx.registry import get_algorithm
 

@@ -14,9 +14,8 @@ import torch
 import phalanx
 from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError
-from phalanx.marl.base import MultiAgentSpec
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import AgentGroup
+from phalanx.marl.core import AgentGroup, MultiAgentSpec
 from phalanx.marl.qmix import QMIX, VDN, MonotonicMixer, QMIXConfig, VDNConfig
 
 N = 6  # sub-envs

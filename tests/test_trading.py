@@ -16,10 +16,10 @@ pytest.importorskip("pandas", reason="the finance extra (pandas, pyarrow) is not
 pytest.importorskip("pyarrow", reason="the finance extra (pandas, pyarrow) is not installed")
 
 import phalanx  # noqa: E402
+from phalanx.backtesting import backtest  # noqa: E402
 from phalanx.cli import main  # noqa: E402
 from phalanx.envs.trading import StockTradingVecEnv  # noqa: E402
 from phalanx.errors import DataError, EnvError  # noqa: E402
-from phalanx.backtesting import backtest  # noqa: E402
 from phalanx.finance import metrics as m  # noqa: E402
 from phalanx.finance.data import MarketData, load_sp500, load_sp500_index, synthetic_market  # noqa: E402
 

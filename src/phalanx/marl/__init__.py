@@ -8,9 +8,9 @@ registry; algorithms: base, mappo, qmix, maddpg; runtime: trainer; applications:
 from phalanx.marl import maddpg, mappo, qmix
 from phalanx.marl.adapters import PettingZooVecEnv, VMASVecEnv
 from phalanx.marl.agent import MultiAgentAgent
-from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec
+from phalanx.marl.base import MultiAgentAlgorithm
 from phalanx.marl.check import check_multi_agent_env
-from phalanx.marl.core import AgentGroup, BatchedMultiAgentEnv, MultiAgentVecEnv
+from phalanx.marl.core import AgentGroup, BatchedMultiAgentEnv, MultiAgentSpec, MultiAgentVecEnv
 from phalanx.marl.registry import list_multi_agent_envs, make_multi_agent_env, register_multi_agent_env
 from phalanx.marl.trainer import MultiAgentTrainer
 

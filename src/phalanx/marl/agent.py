@@ -16,7 +16,8 @@ import torch
 from phalanx.agent import restore_algorithm
 from phalanx.config import TrainConfig
 from phalanx.errors import EnvError
-from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
+from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions
+from phalanx.marl.core import MultiAgentSpec
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
 from phalanx.train.environments import EVAL_SEED_OFFSET

@@ -15,8 +15,7 @@ import torch
 
 from phalanx.buffers import NStepWindow, available_memory
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.marl.base import MultiAgentSpec
-from phalanx.marl.core import Groups
+from phalanx.marl.core import Groups, MultiAgentSpec
 
 Tensor = torch.Tensor
 

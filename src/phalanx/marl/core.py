@@ -272,3 +272,58 @@ class BatchedMultiAgentEnv(BatchedBookkeeping, MultiAgentVecEnv):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_bookkeeping_state(state)
+
+
+@dataclass(frozen=True)
+class MultiAgentSpec:
+    """The spaces a multi-agent algorithm is built for: the agent groups and the global state."""
+
+    groups: dict[str, AgentGroup]
+    state_space: gym.spaces.Box
+    has_action_mask: bool = False
+
+    @classmethod
+    def of(cls, env: MultiAgentVecEnv) -> MultiAgentSpec:
+        return cls(dict(env.groups), env.state_space, env.has_action_mask)
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.state_space.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Primitives only (for checkpoints, which load with ``weights_only=True``)."""
+        return {
+            "multi_agent": True,
+            "state_dim": self.state_dim,
+            "has_action_mask": self.has_action_mask,
+            "groups": {
+                name: {
+                    "agents": list(group.agents),
+                    "obs_dim": int(group.observation_space.shape[0]),
+                    "action": _space_dict(group.action_space),
+                }
+                for name, group in self.groups.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MultiAgentSpec:
+        groups = {}
+        for name, group in data["groups"].items():
+            observation_space = gym.spaces.Box(-np.inf, np.inf, (group["obs_dim"],), np.float32)
+            action = group["action"]
+            if action["kind"] == "discrete":
+                action_space: gym.Space = gym.spaces.Discrete(action["n"])
+            else:
+                action_space = gym.spaces.Box(
+                    np.asarray(action["low"], np.float32), np.asarray(action["high"], np.float32)
+                )
+            groups[name] = AgentGroup(tuple(group["agents"]), observation_space, action_space)
+        state_space = gym.spaces.Box(-np.inf, np.inf, (data["state_dim"],), np.float32)
+        return cls(groups, state_space, data["has_action_mask"])
+
+
+def _space_dict(space: gym.Space) -> dict[str, Any]:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"kind": "discrete", "n": int(space.n)}
+    return {"kind": "box", "low": space.low.tolist(), "high": space.high.tolist()}

@@ -33,13 +33,12 @@ from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
 from phalanx.marl.base import (
     MultiAgentAlgorithm,
-    MultiAgentSpec,
     agent_id_dim,
     broadcast_state,
     with_agent_ids,
 )
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups
+from phalanx.marl.core import Groups, MultiAgentSpec
 from phalanx.nets import EnsembleMLP
 from phalanx.optim import make_adam
 

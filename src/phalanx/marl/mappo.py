@@ -31,13 +31,12 @@ from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError
 from phalanx.marl.base import (
     MultiAgentAlgorithm,
-    MultiAgentSpec,
     agent_id_dim,
     broadcast_state,
     with_agent_ids,
 )
 from phalanx.marl.buffers import MultiAgentRollout
-from phalanx.marl.core import Groups
+from phalanx.marl.core import Groups, MultiAgentSpec
 
 Tensor = torch.Tensor
 

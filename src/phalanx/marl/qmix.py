@@ -40,9 +40,9 @@ from phalanx.algos.base import PolyakPair
 from phalanx.algos.dqn import DQNConfig, EpsilonSchedule, QNetwork
 from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
-from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, agent_id_dim, with_agent_ids
+from phalanx.marl.base import MultiAgentAlgorithm, agent_id_dim, with_agent_ids
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups
+from phalanx.marl.core import Groups, MultiAgentSpec
 from phalanx.nets import EnsembleMLP, mlp
 from phalanx.optim import make_adam
 

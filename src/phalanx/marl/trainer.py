@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from phalanx.config import TrainConfig
-from phalanx.marl.base import MultiAgentAlgorithm, MultiAgentSpec, to_env_actions
+from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
-from phalanx.marl.core import Groups, MultiAgentVecEnv
+from phalanx.marl.core import Groups, MultiAgentSpec, MultiAgentVecEnv
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
@@ -226,4 +226,3 @@ class MultiAgentTrainer(Trainer):
 
     def new_algorithm(self) -> MultiAgentAlgorithm:
         return get_algorithm(self.config.algo)(self.config.hyperparameters, self.spec, self.device)
-

@@ -277,9 +277,7 @@ class PopulationConfig:
             "an integer >= 1",
         )
         check(self.backend in BACKENDS, "backend", self.backend, f"one of {BACKENDS}")
-        check(
-            is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0"
-        )
+        check(is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0")
         self.resources.validate()
         if self.backend == "vectorized":
             from phalanx.population.vectorized import MEMBER_HYPERPARAMETERS
