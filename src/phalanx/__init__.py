@@ -22,7 +22,9 @@ from phalanx.envs.check import check_vec_env
 from phalanx.envs.core import BatchedVecEnv, VecEnv
 from phalanx.envs.registry import list_envs, make_env, register_env
 from phalanx.errors import CheckpointError, ConfigError, ContractError, EnvError, PhalanxError
-from phalanx.train.trainer import TrainResult, resume, train
+from phalanx.train.entry import resume, train
+from phalanx.train.hooks import Hook
+from phalanx.train.loop import TrainResult
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,7 @@ __all__ = [
     "ConfigError",
     "ContractError",
     "EnvError",
+    "Hook",
     "PPOConfig",
     "PhalanxError",
     "TrainConfig",

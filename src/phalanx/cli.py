@@ -292,7 +292,7 @@ def wrapped(text: str, first: str = "  ", indent: str = "    ") -> str:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from phalanx.train.trainer import TrainingInterrupted, train
+    from phalanx.train.entry import TrainingInterrupted, train
 
     if not argv or argv in (["-h"], ["--help"]):  # a listing, not an error
         print(train_usage("phalanx train"))
@@ -375,7 +375,7 @@ def cmd_resume(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
     args = parser.parse_args(argv)
-    from phalanx.train.trainer import TrainingInterrupted, resume
+    from phalanx.train.entry import TrainingInterrupted, resume
 
     try:
         result = resume(args.run_dir, args.total_steps)
