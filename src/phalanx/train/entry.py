@@ -134,7 +134,7 @@ def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callabl
             run_dir,
             payload["show_progress"],
             lambda path: report("run_dir", str(path)),
-            payload["hooks"] if group.is_main else [],
+            payload["hooks"],
         )
     except TrainingInterrupted as interrupted:
         if group.is_main:
@@ -164,9 +164,7 @@ def _train_in_launched_group(
     config.validate()
     group = join_launched_group(config.device, config.learner_timeout)
     try:
-        result = _run_learner(
-            group, config, run_dir, show_progress, on_run_dir, hooks if group.is_main else [], state
-        )
+        result = _run_learner(group, config, run_dir, show_progress, on_run_dir, hooks, state)
     except TrainingInterrupted:
         group.close(finished=True)
         raise
@@ -186,8 +184,8 @@ def _run_learner(
     hooks: list[Hook],
     state: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train as one learner of ``group``; with ``run_dir``, resume that run from its latest checkpoint
-    (learner 0 reads it, unless it already holds its ``state``)."""
+    """Train as one learner of ``group`` (learner 0 alone calls ``hooks``); with ``run_dir``, resume that
+    run from its latest checkpoint (learner 0 reads it, unless it already holds its ``state``)."""
     trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress, group=group)
     try:
         if group.is_main and on_run_dir is not None:
