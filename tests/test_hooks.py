@@ -9,6 +9,7 @@ import pytest
 
 import phalanx
 from phalanx.errors import ConfigError
+from phalanx.train.launch import available_cores
 from phalanx.train.logging import read_table
 
 
@@ -90,6 +91,27 @@ def test_resume_calls_the_hooks_too(tmp_path):
     resumed = phalanx.resume(first.run_dir, total_steps=2048, show_progress=False, hooks=[hook])
     assert resumed.summary["total_steps"] == 2048
     assert hook.calls == [1536, 2048] and hook.started == 1 and hook.ended == 1
+
+
+class StopAtStepsOfGroup(phalanx.Hook):
+    """Leaves a mark of the learner that calls it, and stops the group at ``steps``."""
+
+    every = 512
+
+    def after_iteration(self, trainer) -> dict[str, float]:
+        (trainer.run_dir / f"called_by_learner_{trainer.group.rank}").touch()
+        if trainer.steps >= 512:
+            trainer.stop("512 steps")
+        return {"learner_rank": trainer.group.rank}
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="two learners need two CPU cores")
+def test_in_a_group_learner_0_calls_the_hooks_and_its_stop_stops_every_learner(tmp_path):
+    config = small_config(tmp_path, num_learners=2, num_envs=4, horizon=32, torch_threads=1, eval_every=0)
+    result = phalanx.train(config, show_progress=False, hooks=[StopAtStepsOfGroup()])
+    assert result.summary["total_steps"] == 512  # 2 learners x 4 envs x 32 steps a rollout
+    assert sorted(path.name for path in result.run_dir.glob("called_by_*")) == ["called_by_learner_0"]
+    assert read_table(result.run_dir / "metrics.csv")[-1]["learner_rank"] == 0
 
 
 def test_a_hook_that_is_not_a_hook_is_a_config_error(tmp_path):
