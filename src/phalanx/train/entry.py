@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +42,7 @@ def train(
     directory as soon as it exists. ``hooks`` (:class:`~phalanx.train.hooks.Hook`) are called by the
     training loop; in a group, by learner 0 alone.
     """
-    hooks = check_hooks(hooks)
-    if launched_by_torchrun():
-        return _train_in_launched_group(config, show_progress, on_run_dir, hooks)
-    if config.num_learners > 1:
-        return _launch(config, show_progress, on_run_dir, hooks)
-    trainer = trainer_class(config)(config, show_progress=show_progress)
-    if on_run_dir is not None:
-        on_run_dir(trainer.run_dir)
-    try:
-        return trainer.train(hooks)
-    finally:
-        trainer.close()
+    return _run(_Request(config, show_progress, on_run_dir, check_hooks(hooks)))
 
 
 def resume(
@@ -71,43 +61,62 @@ def resume(
         state = resumable_state(run_dir, config, total_steps)
     if total_steps is not None:
         config.total_steps = total_steps
+    if config.num_learners > 1 and not launched_by_torchrun():
+        state = None  # learner 0 reads it again and sends each learner its shard
+    return _run(_Request(config, show_progress, None, hooks, run_dir, state))
+
+
+@dataclass
+class _Request:
+    """What a call of :func:`train` or :func:`resume` asks for; ``run_dir`` and ``state``: a resume's run
+    and checkpoint (learner 0 reads the checkpoint where ``state`` is None)."""
+
+    config: TrainConfig
+    show_progress: bool
+    on_run_dir: Callable[[Path], None] | None
+    hooks: list[Hook]
+    run_dir: Path | None = None
+    state: dict[str, Any] | None = None
+
+
+def _run(request: _Request) -> TrainResult:
+    """The run in this process, a group of learner processes started here, or this process's share of the
+    group torchrun started."""
     if launched_by_torchrun():
-        return _train_in_launched_group(config, show_progress, None, hooks, run_dir=run_dir, state=state)
+        return _train_in_launched_group(request)
+    config = request.config
     if config.num_learners > 1:
-        del state  # learner 0 reads it again and sends each learner its shard
-        return _launch(config, show_progress, None, hooks, run_dir=run_dir)
-    trainer = trainer_class(config)(config, run_dir=run_dir, show_progress=show_progress)
+        return _launch(request)
+    trainer = trainer_class(config)(config, run_dir=request.run_dir, show_progress=request.show_progress)
     try:
-        trainer.load_state_dict(state)
-        return trainer.train(hooks)
+        if request.on_run_dir is not None:
+            request.on_run_dir(trainer.run_dir)
+        if request.state is not None:
+            trainer.load_state_dict(request.state)
+        return trainer.train(request.hooks)
     finally:
         trainer.close()
 
 
-def _launch(
-    config: TrainConfig,
-    show_progress: bool,
-    on_run_dir: Callable[[Path], None] | None,
-    hooks: list[Hook],
-    run_dir: Path | None = None,
-) -> TrainResult:
-    """Start ``config.num_learners`` learner processes on this machine and wait for them; learner 0's
-    process gets ``hooks`` (pickled)."""
+def _launch(request: _Request) -> TrainResult:
+    """Start ``config.num_learners`` learner processes on this machine and wait for them; the hooks are
+    pickled into them (learner 0 calls them)."""
+    config, run_dir = request.config, request.run_dir
     config.validate()
     check_learners(config.num_learners, config.device)
     payload = {
         "config": config.to_dict(),
         "run_dir": str(run_dir) if run_dir is not None else None,
-        "show_progress": show_progress,
-        "hooks": hooks,
+        "show_progress": request.show_progress,
+        "hooks": request.hooks,
         "envs": picklable_factory(
             config.env, "num_learners > 1 starts a process per learner", "use --learners 1"
         ),  # an id the caller registered exists in the learners too
     }
 
     def on_report(kind: str, value: Any) -> None:
-        if kind == "run_dir" and on_run_dir is not None:
-            on_run_dir(Path(value))
+        if kind == "run_dir" and request.on_run_dir is not None:
+            request.on_run_dir(Path(value))
 
     outcome = launch_learners(
         _learner_entry, payload, config.num_learners, config.device, config.learner_timeout, on_report
@@ -127,14 +136,13 @@ def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callabl
     if not config.torch_threads and group.device.type == "cpu":  # the learners share the cores
         config.torch_threads = max(1, available_cores() // group.world_size)
     run_dir = Path(payload["run_dir"]) if payload["run_dir"] else None
+
+    def on_run_dir(path: Path) -> None:
+        report("run_dir", str(path))
+
     try:
         result = _run_learner(
-            group,
-            config,
-            run_dir,
-            payload["show_progress"],
-            lambda path: report("run_dir", str(path)),
-            payload["hooks"],
+            group, _Request(config, payload["show_progress"], on_run_dir, payload["hooks"], run_dir)
         )
     except TrainingInterrupted as interrupted:
         if group.is_main:
@@ -144,16 +152,9 @@ def _learner_entry(group: LearnerGroup, payload: dict[str, Any], report: Callabl
         report("finished", (str(result.run_dir), result.summary))
 
 
-def _train_in_launched_group(
-    config: TrainConfig,
-    show_progress: bool,
-    on_run_dir: Callable[[Path], None] | None,
-    hooks: list[Hook],
-    run_dir: Path | None = None,
-    state: dict[str, Any] | None = None,
-) -> TrainResult:
-    """This process is one learner of a group torchrun started (RANK, WORLD_SIZE, ... are set); learner 0
-    calls ``hooks``."""
+def _train_in_launched_group(request: _Request) -> TrainResult:
+    """This process is one learner of a group torchrun started (RANK, WORLD_SIZE, ... are set)."""
+    config = request.config
     world = int(os.environ["WORLD_SIZE"])
     if config.num_learners not in (1, world):
         raise ConfigError(
@@ -164,7 +165,7 @@ def _train_in_launched_group(
     config.validate()
     group = join_launched_group(config.device, config.learner_timeout)
     try:
-        result = _run_learner(group, config, run_dir, show_progress, on_run_dir, hooks, state)
+        result = _run_learner(group, dataclasses.replace(request, config=config))
     except TrainingInterrupted:
         group.close(finished=True)
         raise
@@ -175,25 +176,18 @@ def _train_in_launched_group(
     return result
 
 
-def _run_learner(
-    group: LearnerGroup,
-    config: TrainConfig,
-    run_dir: Path | None,
-    show_progress: bool,
-    on_run_dir: Callable[[Path], None] | None,
-    hooks: list[Hook],
-    state: dict[str, Any] | None = None,
-) -> TrainResult:
-    """Train as one learner of ``group`` (learner 0 alone calls ``hooks``); with ``run_dir``, resume that
-    run from its latest checkpoint (learner 0 reads it, unless it already holds its ``state``)."""
-    trainer = Trainer(config, run_dir=run_dir, show_progress=show_progress, group=group)
+def _run_learner(group: LearnerGroup, request: _Request) -> TrainResult:
+    """Train as one learner of ``group`` (learner 0 alone calls the hooks); with a ``run_dir``, resume that
+    run from its latest checkpoint (learner 0 reads it, unless the request holds its ``state``)."""
+    run_dir, state = request.run_dir, request.state
+    trainer = Trainer(request.config, run_dir=run_dir, show_progress=request.show_progress, group=group)
     try:
-        if group.is_main and on_run_dir is not None:
-            on_run_dir(trainer.run_dir)
+        if group.is_main and request.on_run_dir is not None:
+            request.on_run_dir(trainer.run_dir)
         if run_dir is not None:
             if group.is_main and state is None:
                 state = load_checkpoint(CheckpointManager(run_dir).latest(), map_location="cpu")
             trainer.load_group_state(state)
-        return trainer.train(hooks)
+        return trainer.train(request.hooks)
     finally:
         trainer.close()
