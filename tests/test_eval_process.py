@@ -20,7 +20,8 @@ from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.evaluator import CopiesEvaluator, EvaluationProcess
 from phalanx.train.logging import plot_curve, read_table
-from phalanx.train.trainer import Trainer, TrainingInterrupted
+from phalanx.train.loop import TrainingInterrupted
+from phalanx.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name
 from fault_envs import failing_in_evaluation  # noqa: E402

@@ -20,7 +20,7 @@ import phalanx
 from phalanx.envs.registry import register_env, unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
-from phalanx.train.learner import LearnerError, available_cores, launch_learners
+from phalanx.train.launch import LearnerError, available_cores, launch_learners
 from phalanx.train.trainer import Trainer
 
 TESTS = Path(__file__).parent

@@ -19,7 +19,7 @@ from phalanx.marl.mpe import SimpleSpread, SimpleTag
 from phalanx.marl.trainer import MultiAgentTrainer
 from phalanx.registry import get_algorithm
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-from phalanx.train.trainer import TrainingInterrupted
+from phalanx.train.loop import TrainingInterrupted
 
 
 def marl_config(tmp_path, name="run", algo="mappo", env="simple_spread", **overrides):

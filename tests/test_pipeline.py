@@ -16,8 +16,9 @@ import phalanx
 from phalanx.envs.classic import PendulumEnv
 from phalanx.envs.registry import unregister_env
 from phalanx.errors import ConfigError
+from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.pipeline import PipelineError
-from phalanx.train.trainer import Trainer, TrainingInterrupted
+from phalanx.train.trainer import Trainer
 
 
 def config(tmp_path, name, algo="sac", env="Pendulum-v1", **overrides):

@@ -35,6 +35,7 @@ from phalanx.population import (
 )
 from phalanx.population.evolution import generational_plan, split, tournament, tournament_donor
 from phalanx.train.checkpoint import load_checkpoint
+from phalanx.train.handover import adopt
 from phalanx.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,7 @@ def test_selection_takes_the_bottom_from_the_top_by_tournament():
     assert all(donor in ("m1", "m2") for _, donor in plan)
 
 
-# -- Trainer.adopt: what a copy takes ----------------------------------------------------------------
+# -- adopt: what a copy takes ----------------------------------------------------------------
 def test_adopt_takes_the_donors_agent_and_the_new_hyperparameters(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -171,7 +172,7 @@ def test_adopt_takes_the_donors_agent_and_the_new_hyperparameters(tmp_path):
     try:
         donor.train()
         agent = donor.agent_state()
-        member.adopt(agent, {"learning_rate": 1.234e-3, "horizon": 16, "entropy_coef": 0.02})
+        adopt(member, agent, {"learning_rate": 1.234e-3, "horizon": 16, "entropy_coef": 0.02})
         for mine, theirs in zip(
             member.algorithm.state_dict()["policy"].values(),
             agent["algorithm"]["policy"].values(),
@@ -191,7 +192,7 @@ def test_adopt_takes_the_donors_agent_and_the_new_hyperparameters(tmp_path):
         member.train()  # trains on with the new horizon and learning rate
         assert member.steps == 2 * STEPS
         with pytest.raises(ConfigError, match="learning_rate = -1"):
-            member.adopt(None, {"learning_rate": -1.0})
+            adopt(member, None, {"learning_rate": -1.0})
     finally:
         donor.close()
         member.close()

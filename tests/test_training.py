@@ -13,7 +13,8 @@ import phalanx
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.logging import read_table
-from phalanx.train.trainer import Trainer, TrainingInterrupted
+from phalanx.train.loop import TrainingInterrupted
+from phalanx.train.trainer import Trainer
 
 
 def small_config(tmp_path, name="run", **overrides):

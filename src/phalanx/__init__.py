@@ -32,7 +32,8 @@ _EXPORTS = {
     "PPOConfig": "phalanx.algos.ppo",
     "PhalanxError": "phalanx.errors",
     "TrainConfig": "phalanx.config",
-    "TrainResult": "phalanx.train.trainer",
+    "Hook": "phalanx.train.hooks",
+    "TrainResult": "phalanx.train.loop",
     "VecEnv": "phalanx.envs.core",
     "check_vec_env": "phalanx.envs.check",
     "evaluate": "phalanx.agent",
@@ -41,8 +42,8 @@ _EXPORTS = {
     "make_config": "phalanx.config",
     "make_env": "phalanx.envs.registry",
     "register_env": "phalanx.envs.registry",
-    "resume": "phalanx.train.trainer",
-    "train": "phalanx.train.trainer",
+    "resume": "phalanx.train.entry",
+    "train": "phalanx.train.entry",
 }
 
 __all__ = sorted([*_EXPORTS, "marl"])

@@ -42,7 +42,8 @@ from phalanx.population import PopulationFailed, PopulationInterrupted, resume_p
 from phalanx.population.evolution import Mutation, PopulationConfig, Resources
 from phalanx.population.leaderboard import Leaderboard, format_score
 from phalanx.registry import algorithm_names, get_algorithm
-from phalanx.train.trainer import TrainingInterrupted, resume, train
+from phalanx.train.entry import resume, train
+from phalanx.train.loop import TrainingInterrupted
 from phalanx.video import record_video, use_headless_rendering
 
 console = Console(stderr=True)

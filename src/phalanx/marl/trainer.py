@@ -1,6 +1,6 @@
 """Multi-agent training: the single-agent Trainer's loop, with a multi-agent env, worker and evaluator.
 
-The loop itself (budget, evaluations, logging, checkpoints, resume, Ctrl+C, summary) is
+The loop itself (budget, evaluations, logging, checkpoints, resume, Ctrl+C, summary, hooks) is
 :class:`phalanx.train.trainer.Trainer`'s; this module supplies the parts that see per-agent data:
 
 - :class:`MultiAgentWorker` steps a :class:`~phalanx.marl.core.MultiAgentVecEnv` with the algorithm's
@@ -209,13 +209,12 @@ class MultiAgentTrainer(Trainer):
             return MultiAgentRollout(hp.horizon, config.num_envs, self.spec, self.device)
         return MultiAgentReplayBuffer(hp.buffer_size, config.num_envs, self.spec, self.device)
 
-    def evaluate(self) -> dict[str, float]:
-        row = super().evaluate()
-        evaluation = self.last_evaluation
-        row.update({f"eval_return/{agent}": value for agent, value in evaluation.agents.items()})
+    def evaluation_columns(self, evaluation: MultiAgentEvaluation) -> dict[str, float]:
+        """Every agent's mean return and, with more than one group, each group's team return."""
+        columns = {f"eval_return/{agent}": value for agent, value in evaluation.agents.items()}
         if len(evaluation.teams) > 1:
-            row.update({f"eval_team_return/{name}": value for name, value in evaluation.teams.items()})
-        return row
+            columns.update({f"eval_team_return/{name}": value for name, value in evaluation.teams.items()})
+        return columns
 
     def extra_summary(self) -> dict[str, Any]:
         evaluation = self.last_evaluation

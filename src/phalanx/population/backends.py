@@ -32,9 +32,13 @@ from typing import Any
 import torch
 
 from phalanx.config import TrainConfig
+from phalanx.envs.registry import register_env
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.registry import trainer_class
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-from phalanx.train.learner import available_cores, exit_when_closed
+from phalanx.train.handover import HandOver
+from phalanx.train.launch import available_cores, exit_when_closed
+from phalanx.train.loop import TrainingInterrupted
 
 
 @dataclass
@@ -82,9 +86,6 @@ class Member:
             torch.set_num_threads(threads)
 
     def run(self, task: Task) -> Report:
-        from phalanx.envs.registry import register_env
-        from phalanx.train.trainer import TrainingInterrupted
-
         started = time.perf_counter()
         if self.stop_requested.is_set():  # stopped before this task began: nothing to save
             return Report(task.member, interrupted=True)
@@ -92,12 +93,13 @@ class Member:
             for env_id, factory in task.envs.items():
                 register_env(env_id, factory, overwrite=True)
             trainer = self._trainer_for(task)
+            hooks = []
             if task.donor is not None:
-                trainer.adopt(_load_donor(task.donor), task.hyperparameters, steps=task.start_steps)
+                hooks.append(HandOver(_load_donor(task.donor), task.hyperparameters, steps=task.start_steps))
             elif task.hyperparameters:
-                trainer.adopt(None, task.hyperparameters)
+                hooks.append(HandOver(None, task.hyperparameters))
             trainer.config.total_steps = task.target
-            summary = trainer.train().summary
+            summary = trainer.train(hooks).summary
             self.rng = _rng_state(trainer.device)
         except TrainingInterrupted as interrupted:
             self.close()
@@ -120,8 +122,6 @@ class Member:
         )
 
     def _trainer_for(self, task: Task) -> Any:
-        from phalanx.train.trainer import trainer_class
-
         if self.trainer is not None and self.member == task.member:
             torch.set_rng_state(self.rng["torch"])
             if "cuda" in self.rng:
@@ -131,7 +131,7 @@ class Member:
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
         run_dir = Path(config.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = trainer_class(config)(config, run_dir=run_dir, show_progress=False)
+        trainer = trainer_class(config.algo)(config, run_dir=run_dir, show_progress=False)
         latest = trainer.checkpoints.latest()
         if latest is not None:  # this member trained before (elsewhere, or before a crash or resume)
             try:

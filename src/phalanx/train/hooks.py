@@ -1,0 +1,169 @@
+"""Hooks: what the training loop does besides collecting and learning, each on a schedule in env steps.
+
+The loop (:meth:`phalanx.train.trainer.Trainer.train`) is: collect, learn, then call the hooks that are
+due. Evaluation, early stop at ``stop_return``, logging and checkpoints are hooks built into every run
+(:mod:`phalanx.train.evaluations` and below); a population's hand-over of weights and hyperparameters
+is one (:mod:`phalanx.train.handover`); a user's own are passed to ``phalanx.train(config, hooks=[...])``.
+See docs/hooks.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from phalanx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from phalanx.train.trainer import Trainer
+
+
+class Hook:
+    """Something done at points of a training run, on a schedule in env steps (a callback).
+
+    Subclass it, override the methods you need (each does nothing by default) and pass instances to
+    ``phalanx.train(config, hooks=[...])`` or ``phalanx.resume(run_dir, hooks=[...])``:
+
+    - ``every``: env steps between two calls of :meth:`after_iteration`; it is called after the first
+      iteration that reaches each multiple of ``every`` (an iteration is a rollout on-policy, one step
+      of every sub-env off-policy). 0, the default: after every iteration.
+    - :meth:`on_start`: before the first iteration of a ``train`` (also of a resumed run).
+    - :meth:`after_iteration`: numbers it returns land in the next row of metrics.csv (and TensorBoard);
+      ``trainer.stop(reason)`` there ends the run as a spent budget does: a last evaluation, a
+      checkpoint, summary.json.
+    - :meth:`on_evaluation`: after every evaluation, with its row of evaluations.csv.
+    - :meth:`on_end`: after a run that ended without an error or Ctrl+C, with its summary.json.
+
+    The ``trainer`` (:class:`~phalanx.train.trainer.Trainer`) is the run: read ``trainer.steps``,
+    ``trainer.config``, ``trainer.algorithm``, ``trainer.learner.updates``, ``trainer.run_dir``,
+    ``trainer.last_evaluation``; change nothing there but through ``trainer.stop``.
+
+    In a data-parallel group (``num_learners > 1``) hooks run in learner 0's process only: phalanx
+    pickles them into it when it starts the learners (define their class at module level); under
+    torchrun every process builds its own, and only learner 0 calls them. A stop one requests stops
+    every learner at the same step.
+    """
+
+    every: int = 0
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Training starts (or goes on), before the first iteration."""
+
+    def after_iteration(self, trainer: Trainer) -> dict[str, float] | None:
+        """An iteration (collect, learn) ended and the hook is due; numbers to log, or None."""
+
+    def on_evaluation(self, trainer: Trainer, row: dict[str, float]) -> None:
+        """An evaluation was recorded; ``row`` is its row of evaluations.csv."""
+
+    def on_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        """The run ended (budget spent or stopped); ``summary`` is its summary.json."""
+
+
+class Schedule:
+    """When a hook is due: at the first iteration that reaches ``next``, then every ``every`` env steps
+    after it (``every = 0``: after every iteration)."""
+
+    def __init__(self, every: int, next: float) -> None:
+        self.every = every
+        self.next = next
+
+    @classmethod
+    def after(cls, steps: int, every: int) -> Schedule:
+        """The schedule of a hook of period ``every`` starting at ``steps``: due at its next multiple."""
+        return cls(every, (steps // every + 1) * every if every else steps)
+
+    def due(self, steps: int) -> bool:
+        return steps >= self.next
+
+    def advance(self, steps: int) -> None:
+        """Past ``steps``: the next multiple of ``every`` after it."""
+        while self.every and self.next <= steps:
+            self.next += self.every
+
+
+def check_hooks(hooks: Sequence[Hook]) -> list[Hook]:
+    """The user's hooks as a list, or a ConfigError that says which one is wrong and how."""
+    if isinstance(hooks, Hook) or not isinstance(hooks, (list, tuple)):
+        raise ConfigError(
+            f"hooks must be a list of phalanx.Hook instances, got {type(hooks).__name__}. "
+            "Pass hooks=[MyHook()]."
+        )
+    for index, hook in enumerate(hooks):
+        if not isinstance(hook, Hook):
+            named = hook.__name__ if isinstance(hook, type) else type(hook).__name__
+            fix = f"pass {named}() " if isinstance(hook, type) and issubclass(hook, Hook) else ""
+            raise ConfigError(
+                f"hooks[{index}] is {named!s}, not a phalanx.Hook instance. A hook is an instance of a "
+                f"subclass of phalanx.Hook that overrides on_start, after_iteration, on_evaluation or "
+                f"on_end: {fix or 'subclass phalanx.Hook'} (see docs/hooks.md)."
+            )
+        every = hook.every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(
+                f"hooks[{index}] ({type(hook).__name__}) has every = {every!r}: expected a whole number of "
+                "env steps >= 0 (0: after every iteration). Set every = 10_000, for instance."
+            )
+    return list(hooks)
+
+
+# -- the hooks built into every run -----------------------------------------------------------------
+class StopAtReturn(Hook):
+    """Early stop: the run ends once an evaluation reaches ``stop_return`` (learner 0's evaluations)."""
+
+    def after_iteration(self, trainer: Trainer) -> None:
+        if trainer.is_main and trainer.evaluations.reached_stop_return():
+            trainer.stop("stop_return")
+
+
+class Logging(Hook):
+    """A row of metrics.csv every ``log_every`` env steps (learner 0; the others keep the schedule):
+    the rates since the last row, the training episodes, the learner's last metrics, the hooks' numbers."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.schedule = Schedule(trainer.config.log_every, next=0)
+        self.last = (0.0, 0, 0)
+
+    def restart(self, trainer: Trainer) -> None:
+        """The rates of the next row are those since training (re)starts now."""
+        self.last = (trainer.stopwatch(), trainer.steps, trainer.learner.updates)
+
+    def after_iteration(self, trainer: Trainer) -> None:
+        if not self.schedule.due(trainer.steps):
+            return
+        if trainer.is_main:
+            now = trainer.stopwatch()
+            last_time, last_steps, last_updates = self.last
+            elapsed = max(now - last_time, 1e-9)
+            row = {
+                "steps": trainer.steps,
+                "wall_time_s": now,
+                "steps_per_second": (trainer.steps - last_steps) / elapsed,
+                "updates": trainer.learner.updates,
+                "updates_per_second": (trainer.learner.updates - last_updates) / elapsed,
+                **trainer.worker.episodes.read(),
+                **trainer.collection.read_policy_lag(),
+                **trainer.metrics,
+                **trainer.hook_metrics,
+            }
+            trainer.logger.log(row)
+            trainer.hook_metrics = {}
+            self.last = (now, trainer.steps, trainer.learner.updates)
+        self.schedule.advance(trainer.steps)
+
+
+class Checkpoints(Hook):
+    """A checkpoint every ``checkpoint_every`` env steps (0: only at the end); every learner of a group
+    takes part (learner 0 writes it with the others' shards)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        every = trainer.config.checkpoint_every
+        self.schedule = Schedule(every, next=every if every else math.inf)
+
+    def after_iteration(self, trainer: Trainer) -> None:
+        if not self.schedule.due(trainer.steps):
+            return
+        if trainer.is_main:  # the rows up to the checkpoint are on disk when it is
+            trainer.logger.sync()
+        trainer.save()
+        self.schedule.advance(trainer.steps)

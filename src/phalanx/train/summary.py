@@ -1,0 +1,45 @@
+"""summary.json: what a run did, read by people, benchmarks and tools."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from phalanx.files import write_text_atomic
+
+if TYPE_CHECKING:
+    from phalanx.train.trainer import Trainer
+
+
+def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None) -> dict[str, Any]:
+    """Write the run's summary.json (learner 0) and return it: its budget, timings, evaluations, how it
+    ended."""
+    wall = trainer.stopwatch()
+    evaluation = trainer.last_evaluation
+    summary = {
+        "env": trainer.config.env,
+        "algo": trainer.config.algo,
+        "seed": trainer.config.seed,
+        "num_envs": trainer.config.num_envs,
+        "device": str(trainer.device),
+        "total_steps": trainer.steps,
+        "updates": trainer.learner.updates,
+        "wall_time_s": wall,
+        "steps_per_second": trainer.steps / max(wall, 1e-9),
+        "stop_return": trainer.config.stop_return,
+        "time_to_stop_return_s": trainer.time_to_stop_return,
+        "eval_return_mean": evaluation.mean if evaluation else None,
+        "eval_return_std": evaluation.std if evaluation else None,
+        "eval_episodes": len(evaluation.returns) if evaluation else 0,
+        "eval_steps": trainer.last_evaluation_step if evaluation else None,
+        "best_eval_return": trainer.evaluator.best_return if evaluation else None,
+        "best_eval_steps": trainer.evaluator.best_steps if evaluation else None,
+        "buffer_bytes": trainer.buffer.nbytes,
+        "interrupted": interrupted,
+        "error": error,
+        "run_dir": str(trainer.run_dir),
+        "latest_checkpoint": str(trainer.checkpoints.latest()) if trainer.checkpoints.latest() else None,
+        **trainer.extra_summary(),
+    }
+    write_text_atomic(trainer.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
