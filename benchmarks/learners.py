@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, seed: int, learners: int, root: Path) -> dict[
     summary = phalanx.train(config, show_progress=False).summary
     hp = config.hyperparameters
     wall = summary["wall_time_s"]
-    if phalanx.algos.get_algorithm(args.algo).on_policy:  # every env step is learned from `epochs` times
+    if phalanx.registry.get_algorithm(args.algo).on_policy:  # every env step is learned from `epochs` times
         samples = summary["total_steps"] * getattr(hp, "epochs", 1)
     else:  # every update averages one batch per learner
         samples = summary["updates"] * hp.batch_size * learners

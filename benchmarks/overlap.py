@@ -32,8 +32,8 @@ from benchlib import add_json_option, machine_info, markdown_table, write_json  
 
 def collection_rate(config, horizon: int, rollouts: int) -> float:
     """Env steps per second of ``rollouts`` timed rollouts (after one warm-up rollout)."""
-    from phalanx.algos import get_algorithm
     from phalanx.buffers import RolloutBuffer
+    from phalanx.registry import get_algorithm
     from phalanx.train.environments import build_env
     from phalanx.train.worker import Worker
 

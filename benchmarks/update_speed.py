@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 import phalanx  # noqa: E402
-from phalanx.algos import get_algorithm  # noqa: E402
 from phalanx.buffers import ReplayBatch, RolloutBuffer  # noqa: E402
+from phalanx.registry import get_algorithm  # noqa: E402
 
 
 def off_policy(name: str, hidden: int, batch: int, updates: int, repeats: int) -> dict:

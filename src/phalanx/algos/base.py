@@ -176,7 +176,8 @@ class Algorithm:
         self.optimizer_step(optimizer, max_grad_norm)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser the algorithm holds, by name (``Trainer.adopt`` sets their learning rates)."""
+        """Every optimiser the algorithm holds, by name (``phalanx.train.handover.adopt`` sets their
+        learning rates)."""
         return {name: value for name, value in vars(self).items() if isinstance(value, torch.optim.Optimizer)}
 
     def update(self, batch: Any, progress: float) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Pipelined off-policy training: the worker steps the envs in its own thread while the learner updates.
 
 (When the envs step in worker processes, the trainer needs no thread: the processes step while the
-learner makes the previous step's updates, see ``Trainer.process_pipelined_iteration``. This module is
+learner makes the previous step's updates, see ``phalanx.train.collection.ProcessPipeline``. This module is
 the pipeline for every other env: batched envs on a device, envs stepped in this process.)
 
 Producer and consumer. The worker thread acts with its own copy of the algorithm's exploration policy
