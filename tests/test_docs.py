@@ -470,7 +470,7 @@ def test_readme_names_exactly_the_two_setup_commands_first():
 
 def test_readme_links_the_guides():
     readme = (ROOT / "README.md").read_text()
-    for guide in ("environments", "parallelism", "population", "multi_agent", "architecture"):
+    for guide in ("environments", "parallelism", "population", "multi_agent", "architecture", "hooks"):
         assert f"(docs/{guide}.md)" in readme, guide
 
 
