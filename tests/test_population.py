@@ -682,6 +682,37 @@ def test_vectorized_population_selects_member_slices_and_exports_the_best(tmp_pa
     assert evaluation.mean == pytest.approx(result.best_score)
 
 
+def test_vectorized_sac_population_runs_from_the_population_config(tmp_path):
+    """backend 'vectorized' takes the algorithm's vectorized population from the registry: SAC members
+    train as one batched run, exploit each other and export the best as an ordinary run."""
+    directory = tmp_path / "pop"
+    base = make_config(
+        "sac",
+        "Pendulum-v1",
+        use_preset=False,
+        num_envs=2,
+        hidden_sizes=(8, 8),
+        batch_size=16,
+        learning_starts=32,
+        buffer_size=1_000,
+        total_steps=3 * 64,
+        eval_episodes=2,
+    )
+    config = tiny_population(
+        directory,
+        backend="vectorized",
+        base=base,
+        interval=64,
+        mutations={"learning_rate": Mutation(perturb=(0.8, 1.25))},
+    )
+    result = run_population(config, show_progress=False)
+    board = Leaderboard.load(directory)
+    assert all(m.status == "finished" and len(m.scores) == 3 for m in board.members.values())
+    assert [e for e in decisions(directory) if e["event"] == "exploit"]
+    evaluation = evaluate(result.best_run_dir, episodes=base.eval_episodes)
+    assert evaluation.mean == pytest.approx(result.best_score)
+
+
 def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
     from phalanx.population import PopulationInterrupted
     from phalanx.population.orchestrator import VectorizedRun
@@ -725,9 +756,9 @@ def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
 
 
 def test_vectorized_backend_refuses_what_it_cannot_batch(tmp_path):
-    with pytest.raises(ConfigError, match="backend 'vectorized' trains PPO members"):
+    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, td3, sac members"):
         tiny_population(
-            tmp_path, backend="vectorized", base=make_config("sac", "Pendulum-v1"), mutations={}
+            tmp_path, backend="vectorized", base=make_config("ddpg", "Pendulum-v1"), mutations={}
         ).validate()
     config = tiny_population(
         tmp_path, backend="vectorized", mutations={"horizon": Mutation(choices=(16, 32))}

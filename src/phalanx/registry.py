@@ -32,26 +32,54 @@ class Registration:
     agent: str
     """The deployed agent class ``phalanx.load_agent`` gives for its runs."""
     rule: str | None = None
-    """Its loss as a function of (networks, batch, hyperparameters), shared with vectorized populations
-    (None: the loss is written in the algorithm's ``update``)."""
+    """Its learning rule, written once for one agent or P members with a leading member dimension and
+    shared with its vectorized population (None: the rule is written in the algorithm's ``update``)."""
+    population: str | None = None
+    """Its vectorized population (P members as one batched run: ``phalanx population run --backend
+    vectorized``), or None where it has none."""
 
 
-def _row(module: str, algorithm: str, runtime: tuple[str, str], rule: str | None = None) -> Registration:
+def _row(
+    module: str,
+    algorithm: str,
+    runtime: tuple[str, str],
+    rule: str | None = None,
+    population: str | None = None,
+) -> Registration:
     trainer, agent = runtime
-    return Registration(f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule)
+    return Registration(
+        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule, population
+    )
+
+
+_ACTOR_CRITIC = "phalanx.algos.ppo:actor_critic_loss"
+_VECTORIZED = "phalanx.population.vectorized"
+_VECTORIZED_OFF_POLICY = "phalanx.population.vectorized_off_policy"
 
 
 ALGORITHMS: dict[str, Registration] = {
-    "ppo": _row("phalanx.algos.ppo", "PPO", _SINGLE_AGENT),
-    "a2c": _row("phalanx.algos.ppo", "A2C", _SINGLE_AGENT),
+    "ppo": _row("phalanx.algos.ppo", "PPO", _SINGLE_AGENT, _ACTOR_CRITIC, f"{_VECTORIZED}:VectorizedPPO"),
+    "a2c": _row("phalanx.algos.ppo", "A2C", _SINGLE_AGENT, _ACTOR_CRITIC),
     "dqn": _row("phalanx.algos.dqn", "DQN", _SINGLE_AGENT),
     "double-dqn": _row("phalanx.algos.dqn", "DoubleDQN", _SINGLE_AGENT),
     "dueling-dqn": _row("phalanx.algos.dqn", "DuelingDQN", _SINGLE_AGENT),
     "d3qn": _row("phalanx.algos.dqn", "D3QN", _SINGLE_AGENT),
-    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT),
-    "td3": _row("phalanx.algos.td3", "TD3", _SINGLE_AGENT),
-    "sac": _row("phalanx.algos.sac", "SAC", _SINGLE_AGENT),
-    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT),
+    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT, "phalanx.algos.ddpg:DDPGRule"),
+    "td3": _row(
+        "phalanx.algos.td3",
+        "TD3",
+        _SINGLE_AGENT,
+        "phalanx.algos.td3:TD3Rule",
+        f"{_VECTORIZED_OFF_POLICY}:VectorizedTD3",
+    ),
+    "sac": _row(
+        "phalanx.algos.sac",
+        "SAC",
+        _SINGLE_AGENT,
+        "phalanx.algos.sac:SACRule",
+        f"{_VECTORIZED_OFF_POLICY}:VectorizedSAC",
+    ),
+    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT, "phalanx.algos.sac:SACRule"),
     "mappo": _row("phalanx.marl.mappo", "MAPPO", _MULTI_AGENT),
     "ippo": _row("phalanx.marl.mappo", "IPPO", _MULTI_AGENT),
     "qmix": _row("phalanx.marl.qmix", "QMIX", _MULTI_AGENT),
@@ -97,7 +125,8 @@ def get_algorithm(name: str) -> type:
 
 
 def learning_rule(name: str) -> Any:
-    """The loss function of ``name``, or None where its ``update`` holds the loss."""
+    """The learning rule of ``name`` (a loss function, or a rule class with ``update``), or None where
+    its ``update`` holds the rule."""
     rule = registration(name).rule
     return None if rule is None else resolve(rule)
 
@@ -108,3 +137,15 @@ def trainer_class(name: str) -> type:
 
 def agent_class(name: str) -> type:
     return resolve(registration(name).agent)
+
+
+def vectorized_population(name: str) -> type:
+    """The vectorized population class of ``name``; a ConfigError names the algorithms that have one."""
+    target = registration(name).population
+    if target is None:
+        have = ", ".join(key for key, row in ALGORITHMS.items() if row.population is not None)
+        raise ConfigError(
+            f"backend 'vectorized' trains {have} members as one batched network, but algo is {name!r}. "
+            f"Use one of those algorithms, or the process backend for {name}."
+        )
+    return resolve(target)

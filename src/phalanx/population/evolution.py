@@ -26,6 +26,7 @@ import yaml
 from phalanx.config import TrainConfig, check, coerce, is_int, load_yaml, parse_scalar
 from phalanx.errors import ConfigError
 from phalanx.files import write_text_atomic
+from phalanx.registry import vectorized_population
 
 STRATEGIES = ("tournament", "generational")
 BACKENDS = ("serial", "process", "ray", "vectorized")
@@ -280,18 +281,12 @@ class PopulationConfig:
         check(is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0")
         self.resources.validate()
         if self.backend == "vectorized":
-            from phalanx.population.vectorized import MEMBER_HYPERPARAMETERS
-
-            if self.base.algo != "ppo":
-                raise ConfigError(
-                    f"backend 'vectorized' trains PPO members as one batched network, but algo is "
-                    f"{self.base.algo!r}. Use algo ppo, or the process backend for {self.base.algo}."
-                )
-            fixed = sorted(set(self.mutations) - set(MEMBER_HYPERPARAMETERS))
+            batched = vectorized_population(self.base.algo).member_hyperparameters
+            fixed = sorted(set(self.mutations) - set(batched))
             if fixed:
                 raise ConfigError(
                     f"backend 'vectorized' shares {fixed} across its members (they shape the batched "
-                    f"networks or the rollout); it can mutate {', '.join(MEMBER_HYPERPARAMETERS)}. Drop "
+                    f"networks, the rollout or the replay); it can mutate {', '.join(batched)}. Drop "
                     "those mutations, or use the process backend."
                 )
         hyperparameters = self.base.hyperparameters

@@ -51,7 +51,7 @@ from phalanx.population.evolution import (
     tournament_donor,
 )
 from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
-from phalanx.population.vectorized import VectorizedPPO
+from phalanx.registry import vectorized_population
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import picklable_factory
 
@@ -469,11 +469,12 @@ def _score(score: float | None) -> str:
 
 # -- vectorized ------------------------------------------------------------------------------------
 class VectorizedRun:
-    """A population as one VectorizedPPO: every member trains an interval together, all are evaluated,
-    then the same selection rules copy member slices (tournament: each member of the bottom fraction
-    copies a tournament winner of the top; generational: the same plan). One process, one device; no
-    orchestrator (nothing to schedule). Its checkpoint, in vectorized/, holds the engine and the
-    leaderboard together, so a resume continues from a consistent pair."""
+    """A population as one vectorized run (the algorithm's: VectorizedPPO, VectorizedSAC, VectorizedTD3):
+    every member trains an interval together, all are evaluated, then the same selection rules copy
+    member slices (tournament: each member of the bottom fraction copies a tournament winner of the top;
+    generational: the same plan). One process, one device; no orchestrator (nothing to schedule). Its
+    checkpoint, in vectorized/, holds the engine and the leaderboard together, so a resume continues
+    from a consistent pair."""
 
     def __init__(
         self,
@@ -484,7 +485,7 @@ class VectorizedRun:
     ) -> None:
         self.config, self.board, self.say = config, board, say or (lambda message: None)
         self.members = list(board.members)  # member i of the engine is the i-th record
-        self.engine = VectorizedPPO(
+        self.engine = vectorized_population(config.base.algo)(
             config.base,
             [board.members[m].seed for m in self.members],
             [board.members[m].hyperparameters for m in self.members],
