@@ -48,6 +48,13 @@ import torch
 
 from phalanx.envs.core import BatchedVecEnv, Tensor
 from phalanx.errors import DataError, EnvError
+from phalanx.finance.data import (
+    MarketData,
+    align_to_dates,
+    load_market_data,
+    load_sp500,
+    load_sp500_index,
+)
 from phalanx.finance.indicators import FEATURE_NAMES, WARMUP_BARS, trading_features, turbulence
 
 logger = logging.getLogger("phalanx.finance")
@@ -57,8 +64,6 @@ DEFAULT_TRAIN_END = "2017-12-31"
 
 
 def _load(data: Any, tickers: Any, missing: str, fill_limit: int) -> Any:
-    from phalanx.finance.data import MarketData, load_market_data, load_sp500
-
     if data is None:
         market = load_sp500()
     elif isinstance(data, MarketData):
@@ -185,8 +190,6 @@ class StockTradingVecEnv(BatchedVecEnv):
         self.index_series = self._load_index(index, vendored)  # MarketData or None
         self.index_data = None  # (T,) index level on this env's calendar (NaN before it starts)
         if self.index_series is not None:
-            from phalanx.finance.data import align_to_dates
-
             self.index_data = align_to_dates(self.index_series, self.dates)
 
         self.initial_cash = float(initial_cash)
@@ -286,8 +289,6 @@ class StockTradingVecEnv(BatchedVecEnv):
 
     @staticmethod
     def _load_index(index: Any, vendored: bool) -> Any:
-        from phalanx.finance.data import MarketData, load_market_data, load_sp500_index
-
         if index is None:
             return load_sp500_index() if vendored else None
         return index if isinstance(index, MarketData) else load_market_data(index)
