@@ -38,10 +38,9 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.core import BatchedBookkeeping, as_device, step_info
+from phalanx.envs.core import BatchedBookkeeping, Tensor, as_device, step_info
 from phalanx.errors import ConfigError, EnvError
 
-Tensor = torch.Tensor
 Groups = dict[str, Tensor]
 """One tensor per agent group, agent axis second: ``{group: (num_envs, A_g, ...)}``."""
 
