@@ -20,7 +20,7 @@ seeding, checkpointable state) so that a simulator only writes its physics in th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -203,14 +203,30 @@ class StatisticsCheckpoint:
         self.episode_statistics.load_state_dict(state["episode_statistics"])
 
 
-class BatchedBookkeeping:
+PerRow = TypeVar("PerRow")
+"""What a batched simulator's observations, actions and rewards are: one tensor (single-agent) or one
+tensor per agent group (multi-agent)."""
+
+
+class BatchedBookkeeping(Generic[PerRow]):
     """What the base class of a batched simulator keeps besides the physics, single- or multi-agent
     (:class:`BatchedVecEnv`, ``phalanx.marl.core.BatchedMultiAgentEnv``): the time limit, the seeded
-    generator, the step counters and episode statistics, and the checkpoint of ``state_names``."""
+    generator, the step counters and episode statistics, and the checkpoint of ``state_names``; and
+    the three methods of the physics that a subclass writes."""
 
     state_names: tuple[str, ...] = ()
     num_envs: int
     device: torch.device
+
+    # -- to implement ----------------------------------------------------------------------------
+    def _reset_rows(self, mask: Tensor) -> None:
+        raise NotImplementedError
+
+    def _advance(self, actions: PerRow) -> tuple[PerRow, Tensor]:
+        raise NotImplementedError
+
+    def _observe(self) -> PerRow:
+        raise NotImplementedError
 
     def _start_bookkeeping(self, max_episode_steps: int | None, per_row: tuple[int, ...] = ()) -> None:
         if max_episode_steps is not None and max_episode_steps < 1:
@@ -251,7 +267,7 @@ class BatchedBookkeeping:
         self.generator.set_state(state["generator"])
 
 
-class BatchedVecEnv(BatchedBookkeeping, VecEnv):
+class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
     """A simulator written as batched tensor operations; subclasses write only the physics.
 
     Implement three methods, each acting on all ``num_envs`` rows at once:
@@ -292,16 +308,6 @@ class BatchedVecEnv(BatchedBookkeeping, VecEnv):
         self._action_shape, self._action_dtype = action_layout(
             single_action_space, self.num_envs, torch.int64
         )
-
-    # -- to implement ----------------------------------------------------------------------------
-    def _reset_rows(self, mask: Tensor) -> None:
-        raise NotImplementedError
-
-    def _advance(self, actions: Tensor) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
-
-    def _observe(self) -> Tensor:
-        raise NotImplementedError
 
     # -- the contract ----------------------------------------------------------------------------
     def reset(

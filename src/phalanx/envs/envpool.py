@@ -35,7 +35,7 @@ from phalanx.envs.core import (
     step_info,
     supported_tensor_space,
 )
-from phalanx.errors import EnvError
+from phalanx.errors import EnvError, import_optional
 
 __all__ = ["EnvPoolVecEnv"]
 
@@ -47,20 +47,6 @@ _RESERVED = {
     "env_seed": "seed with reset(seed=s) or seed=s; sub-env i then draws from seed s + i",
 }
 _SEED_RANGE = (-(2**31), 2**31 - 1)  # EnvPool seeds are C++ int32
-
-
-def _import_envpool(env_id: str) -> ModuleType:
-    try:
-        import envpool
-    except ModuleNotFoundError as error:
-        if error.name != "envpool":
-            raise
-        raise EnvError(
-            f"EnvPoolVecEnv({env_id!r}): the package 'envpool' is not installed, so EnvPool's C++ "
-            "environments ('envpool:<id>' ids) are unavailable. Install it with "
-            "`pip install 'phalanx[envpool]'`, or use the Gymnasium id without the 'envpool:' prefix."
-        ) from None
-    return envpool
 
 
 class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
@@ -102,7 +88,14 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
         self, env_id: str, num_envs: int = 1, device: str | torch.device = "cpu", **kwargs: Any
     ) -> None:
         self.env_id = env_id
-        envpool = _import_envpool(env_id)
+        envpool = import_optional(
+            "envpool",
+            EnvError,
+            f"EnvPoolVecEnv({env_id!r}): the package 'envpool' is not installed, so EnvPool's C++ "
+            "environments ('envpool:<id>' ids) are unavailable. Install it with "
+            "`pip install 'phalanx[envpool]'`, or use the Gymnasium id without the 'envpool:' prefix.",
+            packages=("envpool",),
+        )
         if not isinstance(env_id, str) or env_id not in envpool.list_all_envs():
             raise self._unknown_id(envpool)
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:

@@ -70,7 +70,6 @@ adapter with :func:`phalanx.envs.register_env` and check it with :func:`phalanx.
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 from typing import Any
 
@@ -81,7 +80,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, action_layout, step_info  # noqa: E402
-from phalanx.errors import EnvError  # noqa: E402
+from phalanx.errors import EnvError, import_optional  # noqa: E402
 
 __all__ = ["BraxVecEnv", "GymnaxVecEnv", "JaxVecEnv", "jax_device", "split_keys"]
 
@@ -94,13 +93,12 @@ _INSTALL_HINT = (
 
 def _require(module_name: str, who: str) -> Any:
     """Import ``module_name`` or raise an EnvError naming the missing package and the install command."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise EnvError(
-            f"{who} needs the package {error.name!r} (importing {module_name!r} failed), which is not "
-            f"installed in this environment. {_INSTALL_HINT}"
-        ) from None
+    return import_optional(
+        module_name,
+        EnvError,
+        f"{who} needs the package '{{package}}' (importing {module_name!r} failed), which is not "
+        f"installed in this environment. {_INSTALL_HINT}",
+    )
 
 
 def jax_device(device: torch.device, who: str = "JaxVecEnv") -> Any:

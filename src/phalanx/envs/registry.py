@@ -30,7 +30,7 @@ from phalanx.envs.core import VecEnv
 from phalanx.envs.gymnasium_ids import gymnasium_extra, gymnasium_unavailable
 from phalanx.envs.trading import StockTradingVecEnv
 from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
-from phalanx.errors import EnvError
+from phalanx.errors import EnvError, import_optional
 from phalanx.registry import resolve
 
 __all__ = ["list_envs", "load_factory", "make_env", "register_env"]
@@ -170,21 +170,13 @@ def _call_factory(env_id: str, factory: VecEnvFactory, num_envs: int, device: An
     return env
 
 
-def import_simulator(module_name: str, missing: str) -> Any:
-    """Import the module of an optional simulator; if a package it needs is not installed, raise an
-    EnvError with ``missing`` formatted with ``package`` (the name of that package)."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise EnvError(missing.format(package=error.name)) from None
-
-
 def _backend_class(env_id: str, backend: str) -> Callable[..., VecEnv]:
     target, extra = BACKENDS[backend]
     module_name, _, attribute = target.partition(":")
-    module = import_simulator(
+    module = import_optional(
         module_name,
-        f"make_env({env_id!r}): the {backend!r} backend needs the package {{package!r}}, which is not "
+        EnvError,
+        f"make_env({env_id!r}): the {backend!r} backend needs the package '{{package}}', which is not "
         f"installed. Install it with `pip install 'phalanx[{extra}]'`.",
     )
     return getattr(module, attribute)

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from phalanx.errors import DataError
+from phalanx.errors import DataError, import_optional
 
 __all__ = [
     "SP500_INDEX_PATH",
@@ -68,25 +68,21 @@ _NS_PER_DAY = 86_400 * 10**9
 
 
 def _pandas() -> Any:
-    try:
-        import pandas as pd
-    except ImportError:
-        raise DataError(
-            "market data needs pandas and pyarrow, which are not installed. Install them with "
-            "pip install 'phalanx[finance]' (pandas>=2, pyarrow>=14)."
-        ) from None
-    return pd
+    return import_optional(
+        "pandas",
+        DataError,
+        "market data needs pandas and pyarrow, which are not installed. Install them with "
+        "pip install 'phalanx[finance]' (pandas>=2, pyarrow>=14).",
+    )
 
 
 def _arrow() -> Any:
-    try:
-        import pyarrow as pa
-    except ImportError:
-        raise DataError(
-            "market data needs pyarrow, which is not installed. Install it with pip install "
-            "'phalanx[finance]' (pandas>=2, pyarrow>=14)."
-        ) from None
-    return pa
+    return import_optional(
+        "pyarrow",
+        DataError,
+        "market data needs pyarrow, which is not installed. Install it with pip install "
+        "'phalanx[finance]' (pandas>=2, pyarrow>=14).",
+    )
 
 
 # -- dates ------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from phalanx.envs.core import EpisodeStatistics, as_device, tensor_space
-from phalanx.errors import ConfigError, EnvError
+from phalanx.errors import ConfigError, EnvError, import_optional
 from phalanx.marl.core import AgentGroup, Groups, MultiAgentVecEnv, Tensor, check_actions
 from phalanx.pool import OK, Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, copy_out, frame
 
@@ -95,17 +95,14 @@ _MARL_EXTRA = "pip install 'phalanx[marl]'"
 
 
 def _import_pettingzoo(who: str) -> ModuleType:
-    try:
-        import pettingzoo
-    except ModuleNotFoundError as error:
-        if error.name != "pettingzoo":
-            raise
-        raise ConfigError(
-            f"{who}: the package 'pettingzoo' is not installed, so PettingZoo environments are "
-            f"unavailable. Install it with `{_MARL_EXTRA}` (and the env's own package, e.g. "
-            "`pip install mpe2` for the MPE environments)."
-        ) from None
-    return pettingzoo
+    return import_optional(
+        "pettingzoo",
+        ConfigError,
+        f"{who}: the package 'pettingzoo' is not installed, so PettingZoo environments are "
+        f"unavailable. Install it with `{_MARL_EXTRA}` (and the env's own package, e.g. "
+        "`pip install mpe2` for the MPE environments).",
+        packages=("pettingzoo",),
+    )
 
 
 @dataclass(frozen=True)
@@ -749,17 +746,13 @@ _VMAS_RESERVED = {
 
 
 def _import_vmas() -> ModuleType:
-    try:
-        import vmas
-    except ModuleNotFoundError as error:
-        if error.name not in ("vmas", "gym"):
-            raise
-        missing = "vmas" if error.name == "vmas" else "gym (which vmas imports)"
-        raise ConfigError(
-            f"VMASVecEnv: the package {missing} is not installed, so VMAS scenarios are unavailable. "
-            "Install it with `pip install vmas`."
-        ) from None
-    return vmas
+    return import_optional(
+        "vmas",
+        ConfigError,
+        "VMASVecEnv: the package {package} is not installed (VMAS needs vmas and the gym it imports), "
+        "so VMAS scenarios are unavailable. Install it with `pip install vmas`.",
+        packages=("vmas", "gym"),
+    )
 
 
 def _gymnasium_space(space: Any, role: str, agent: str) -> gym.Space:

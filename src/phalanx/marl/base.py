@@ -23,9 +23,7 @@ import torch
 from phalanx.algos.base import Algorithm
 from phalanx.config import AlgoConfig
 from phalanx.errors import ConfigError
-from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec
-
-Tensor = torch.Tensor
+from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec, Tensor
 
 
 class MultiAgentOnPolicy(Protocol):

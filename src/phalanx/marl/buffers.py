@@ -15,9 +15,7 @@ import torch
 
 from phalanx.buffers import NStepWindow, available_memory
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.marl.core import Groups, MultiAgentSpec
-
-Tensor = torch.Tensor
+from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 
 PER_AGENT_FIELDS = (
     "obs",

@@ -38,10 +38,9 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.envs.core import BatchedBookkeeping, as_device, step_info
+from phalanx.envs.core import BatchedBookkeeping, Tensor, as_device, step_info
 from phalanx.errors import ConfigError, EnvError
 
-Tensor = torch.Tensor
 Groups = dict[str, Tensor]
 """One tensor per agent group, agent axis second: ``{group: (num_envs, A_g, ...)}``."""
 
@@ -176,7 +175,7 @@ def check_actions(env: MultiAgentVecEnv, actions: Any) -> Groups:
     return checked
 
 
-class BatchedMultiAgentEnv(BatchedBookkeeping, MultiAgentVecEnv):
+class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
     """A multi-agent simulator written as batched tensor operations; subclasses write the physics.
 
     Implement, each acting on all ``num_envs`` rows at once:
@@ -203,16 +202,6 @@ class BatchedMultiAgentEnv(BatchedBookkeeping, MultiAgentVecEnv):
     ) -> None:
         super().__init__(num_envs, groups, state_space, device)
         self._start_bookkeeping(max_episode_steps, per_row=(self.num_agents,))
-
-    # -- to implement ----------------------------------------------------------------------------
-    def _reset_rows(self, mask: Tensor) -> None:
-        raise NotImplementedError
-
-    def _advance(self, actions: Groups) -> tuple[Groups, Tensor]:
-        raise NotImplementedError
-
-    def _observe(self) -> Groups:
-        raise NotImplementedError
 
     def _global_state(self, obs: Groups) -> Tensor:
         return torch.cat([obs[name].flatten(1) for name in self.groups], dim=1)

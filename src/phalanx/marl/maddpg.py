@@ -38,11 +38,9 @@ from phalanx.marl.base import (
     with_agent_ids,
 )
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups, MultiAgentSpec
+from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 from phalanx.nets import EnsembleMLP
 from phalanx.optim import make_adam
-
-Tensor = torch.Tensor
 
 
 @dataclass

@@ -36,9 +36,7 @@ from phalanx.marl.base import (
     with_agent_ids,
 )
 from phalanx.marl.buffers import MultiAgentRollout
-from phalanx.marl.core import Groups, MultiAgentSpec
-
-Tensor = torch.Tensor
+from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 
 
 @dataclass

@@ -42,11 +42,9 @@ from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
 from phalanx.marl.base import MultiAgentAlgorithm, agent_id_dim, with_agent_ids
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups, MultiAgentSpec
+from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 from phalanx.nets import EnsembleMLP, mlp
 from phalanx.optim import make_adam
-
-Tensor = torch.Tensor
 
 TEAM_REWARDS = ("sum", "mean")
 MIXER_OUTPUT_GAIN = 0.3

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from phalanx.envs.registry import import_simulator
-from phalanx.errors import EnvError
+from phalanx.errors import EnvError, import_optional
 from phalanx.marl.adapters import PettingZooVecEnv, VMASVecEnv
 from phalanx.marl.core import MultiAgentVecEnv
 from phalanx.marl.mpe import SimpleSpread, SimpleTag
@@ -123,9 +122,10 @@ def make_multi_agent_env(
 def _pettingzoo_factory(env_id: str, spec: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
     """A picklable zero-argument factory of the PettingZoo parallel env named by ``spec``."""
     module_name, _, attribute = spec.partition(":")
-    module = import_simulator(
+    module = import_optional(
         module_name,
-        f"make_multi_agent_env({env_id!r}): cannot import {module_name!r} ({{package!r}} is not "
+        EnvError,
+        f"make_multi_agent_env({env_id!r}): cannot import {module_name!r} ('{{package}}' is not "
         "installed). PettingZoo envs need `pip install 'phalanx[marl]'` and the package of the env "
         "(e.g. mpe2, pettingzoo[butterfly]).",
     )

@@ -23,7 +23,7 @@ import torch
 from phalanx.config import TrainConfig
 from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
-from phalanx.marl.core import Groups, MultiAgentSpec, MultiAgentVecEnv
+from phalanx.marl.core import Groups, MultiAgentSpec, MultiAgentVecEnv, Tensor
 from phalanx.marl.registry import make_multi_agent_env
 from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
@@ -31,8 +31,6 @@ from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.learner import Learner
 from phalanx.train.trainer import Trainer
 from phalanx.train.worker import EpisodeLog
-
-Tensor = torch.Tensor
 
 
 def team_returns(episode_return: Groups) -> Groups:

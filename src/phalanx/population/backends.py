@@ -33,7 +33,7 @@ import torch
 
 from phalanx.config import TrainConfig
 from phalanx.envs.registry import register_env
-from phalanx.errors import CheckpointError, ConfigError
+from phalanx.errors import CheckpointError, ConfigError, import_optional
 from phalanx.registry import trainer_class
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.handover import HandOver
@@ -528,14 +528,12 @@ def _ray_init_error(address: str | None, error: BaseException) -> str:
 
 
 def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "backend 'ray' needs Ray, which is an optional extra: pip install 'phalanx[ray]' "
-            "(or choose --backend process)."
-        ) from None
-    return ray
+    return import_optional(
+        "ray",
+        ConfigError,
+        "backend 'ray' needs Ray, which is an optional extra: pip install 'phalanx[ray]' "
+        "(or choose --backend process).",
+    )
 
 
 def _visible_gpus() -> int:
