@@ -270,15 +270,10 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
 
     # -- the learner's side of the rule: optimiser steps ----------------------------------------
     def step_critic(self, loss: torch.Tensor) -> None:
-        self.minimize(self.critic_optimizer, loss)
+        self.minimise(loss, self.critic_optimizer)
 
     def step_actor(self, loss: torch.Tensor) -> None:
-        self.minimize(self.actor_optimizer, loss)
-
-    def minimize(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer_step(optimizer)
+        self.minimise(loss, self.actor_optimizer)
 
     def update_targets(self) -> None:
         self.critic_polyak.update(self.config.tau)

@@ -2,7 +2,7 @@
 
 The learning rule is written once, in :func:`actor_critic_loss`: the loss of a minibatch, as a function
 of (networks, batch, hyperparameters), for one agent or for P members at once (a leading member dim on
-the batch, ``(P, 1)`` hyperparameter tensors; see its docstring). :meth:`PPO.update` drives it:
+the batch, one hyperparameter value per member; see its docstring). :meth:`PPO.update` drives it:
 
 1. value of every true next observation (``next_obs`` is the final observation where an episode
    ended), so that truncated episodes bootstrap and terminated ones do not;
@@ -32,8 +32,10 @@ from phalanx.optim import FlatRMSprop, make_adam
 
 Tensor = torch.Tensor
 Hyperparameter = float | Tensor
-"""A Python float for one agent, or a ``(P, 1)`` float64 tensor: one value per member, broadcasting over
-the samples (float64 as a Python float is; the rule casts it to the samples' dtype where it uses it)."""
+"""A Python float for one agent, or a float64 tensor of one value per member: ``(P, 1)`` for those that
+act on every sample (``clip_range``, ``clip_value``, broadcasting over the samples), ``(P,)`` for those
+that weigh the members' losses (``value_coef``, ``entropy_coef``). Float64 as a Python float is; the
+rule casts it to the samples' dtype where it uses it."""
 
 
 @dataclass
@@ -192,21 +194,21 @@ def actor_critic_loss(
             advantages.std(dim=-1, keepdim=True) + 1e-8
         )
     if config.clip_range is None:  # A2C
-        policy_loss = -(log_probs * advantages).mean(dim=-1, keepdim=True)
+        policy_loss = -(log_probs * advantages).mean(dim=-1)
     else:  # the clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A)
         low, high = _like(1 - config.clip_range, ratio), _like(1 + config.clip_range, ratio)
         surrogate = torch.min(ratio * advantages, ratio.clamp(low, high) * advantages)
-        policy_loss = -surrogate.mean(dim=-1, keepdim=True)
+        policy_loss = -surrogate.mean(dim=-1)
     value_loss = _value_loss(value(batch.critic_obs), batch.old_values, batch.returns, config.clip_value)
-    entropy_mean = entropy.mean(dim=-1, keepdim=True)
+    entropy_mean = entropy.mean(dim=-1)
     loss = policy_loss + _like(config.value_coef, value_loss) * value_loss
     entropy_coef = config.entropy_coef
     if isinstance(entropy_coef, Tensor) or entropy_coef != 0:  # a zero coefficient adds nothing
         loss = loss - _like(entropy_coef, entropy_mean) * entropy_mean
     metrics = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy_mean}
     return ActorCriticLoss(
-        loss.squeeze(-1),
-        {name: metric.detach().squeeze(-1) for name, metric in metrics.items()},
+        loss,
+        {name: metric.detach() for name, metric in metrics.items()},
         ratio.detach(),
         log_ratio.detach(),
     )
@@ -223,7 +225,7 @@ def _value_loss(
         clipped = old_values + (values - old_values).clamp(-clip, clip)
         pessimum = torch.max(errors, (clipped - returns).pow(2))
         errors = torch.where(torch.isfinite(clip), pessimum, errors) if isinstance(clip, Tensor) else pessimum
-    return 0.5 * errors.mean(dim=-1, keepdim=True)
+    return 0.5 * errors.mean(dim=-1)
 
 
 def ratio_metrics(ratio: Tensor, log_ratio: Tensor, clip_range: Hyperparameter | None) -> dict[str, Tensor]:

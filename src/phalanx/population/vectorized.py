@@ -238,14 +238,15 @@ class VectorizedPPO(VectorizedPopulation):
         return metrics
 
     def _loss_hyperparameters(self) -> ActorCriticHyperparameters:
-        """The members' values of the loss's hyperparameters, ``(P, 1)`` float64 tensors; clip_value None
-        when no member clips values (the loss then skips the branch)."""
-        hp = {name: tensor.unsqueeze(1) for name, tensor in self.hyperparameter_tensors.items()}  # (P, 1)
+        """The members' values of the loss's hyperparameters, float64 tensors: ``(P, 1)`` for the clip
+        ranges, which act on every sample, ``(P,)`` for the loss weights; clip_value None when no member
+        clips values (the loss then skips the branch)."""
+        hp = self.hyperparameter_tensors  # (P,) each
         return ActorCriticHyperparameters(
             value_coef=hp["value_coef"],
             entropy_coef=hp["entropy_coef"],
-            clip_range=hp["clip_range"],
-            clip_value=hp["clip_value"] if self._clips_values else None,
+            clip_range=hp["clip_range"].unsqueeze(1),
+            clip_value=hp["clip_value"].unsqueeze(1) if self._clips_values else None,
             normalize_advantages=self.config.hyperparameters.normalize_advantages,
         )
 

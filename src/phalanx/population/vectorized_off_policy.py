@@ -110,7 +110,7 @@ class MemberFlat:
         self.rows_per_member = rows_per_member
         self.optimizer = VectorizedAdam(self.flat, self.gradients, eps=ADAM_EPS)
 
-    def minimize(self, loss: Tensor, learning_rate: Tensor) -> None:
+    def minimise(self, loss: Tensor, learning_rate: Tensor) -> None:
         """Backward of the members' summed ``(P,)`` loss (each member's gradient is its own), then Adam."""
         self.gradients.zero_()
         with warnings.catch_warnings():
@@ -272,10 +272,10 @@ class VectorizedOffPolicy(VectorizedPopulation):
         return torch.where(torch.isinf(rates[name]), rates["learning_rate"], rates[name])
 
     def step_critic(self, loss: Tensor) -> None:
-        self.critics.minimize(loss, self.learning_rate("critic_learning_rate"))
+        self.critics.minimise(loss, self.learning_rate("critic_learning_rate"))
 
     def step_actor(self, loss: Tensor) -> None:
-        self.actors.minimize(loss, self.hyperparameter_tensors["learning_rate"])
+        self.actors.minimise(loss, self.hyperparameter_tensors["learning_rate"])
 
     def set_critic_grad(self, requires_grad: bool) -> None:
         for parameter in self.critics.parameters:
