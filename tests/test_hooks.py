@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_training import small_config as training_config
 
 import phalanx
 from phalanx.errors import ConfigError
@@ -14,21 +15,8 @@ from phalanx.train.logging import read_table
 
 
 def small_config(tmp_path, name="run", **overrides):
-    settings = dict(
-        num_envs=8,
-        total_steps=4096,
-        eval_every=1024,
-        eval_episodes=3,
-        log_every=256,
-        run_dir=str(tmp_path / name),
-        horizon=16,
-        minibatch_size=64,
-        epochs=2,
-        hidden_sizes=(16, 16),
-        eval_process=False,
-    )
-    settings.update(overrides)
-    return phalanx.make_config("ppo", "CartPole-v1", use_preset=False, **settings)
+    """test_training's small PPO CartPole run, long enough for a hook to stop it, evaluated inline."""
+    return training_config(tmp_path, name, **{"total_steps": 4096, "eval_process": False, **overrides})
 
 
 class StopAfterUpdates(phalanx.Hook):
