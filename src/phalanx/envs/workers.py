@@ -608,7 +608,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
                     self._complete[slot] = True
 
     def _notice(self, answer: bytes) -> None:
-        """The last worker to finish a slot's step says so: the step is complete."""
+        """The last worker to finish a slot's step says so: the step is complete. Every wait passes it
+        on: a half's step finishes while the other half resets (or a worker restarts)."""
         self._complete[_DONE.index(answer)] = True
 
     def _refuse(self, fault: Fault) -> None:
@@ -649,11 +650,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
             RuntimeWarning,
             stacklevel=4,
         )
-        self._pool.wait([worker], "start", self._refuse)
+        self._pool.wait([worker], "start", self._refuse, on_answer=self._notice)
         start, stop = self._rows(worker)
         seed = None if self._seed is None else self._seed + start + self.num_envs * sum(self.restarts)
         self._pool.send(worker, ("reset", seed, None, 0, stop - start))
-        self._pool.wait([worker], "reset", self._refuse)
+        self._pool.wait([worker], "reset", self._refuse, on_answer=self._notice)
         self._fault_rows[start:stop] = True
 
     # -- the contract ------------------------------------------------------------------------------
@@ -717,7 +718,7 @@ class ProcessVecEnv(_GymnasiumAdapter):
             self._pool.send(
                 worker, ("reset", None if seed is None else int(seed) + worker * size, options, low, high)
             )
-        self._pool.wait(range(self.num_workers), "reset", self._fault)
+        self._pool.wait(range(self.num_workers), "reset", self._fault, on_answer=self._notice)
         rows = slice(None) if group is None else self._half_rows(group)
         self._fault_rows[rows] = False
         self._last_obs[rows] = self._views["obs"][rows]
