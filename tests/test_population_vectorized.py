@@ -45,6 +45,15 @@ def assert_member_equals_run(population: VectorizedPPO, member: int, trainer: Tr
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"member {member}, parameter {index}")
 
 
+def saved_and_loaded(state: dict) -> dict:
+    """``state`` through torch.save and torch.load(weights_only=True): a Trainer checkpoint holds tensors
+    and primitives only, and so must a member's."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
 # -- independence: each member is its single run --------------------------------------------------
 @pytest.mark.parametrize(
     ("env", "settings", "members"),
@@ -227,12 +236,7 @@ def test_member_agent_state_is_an_ordinary_checkpoint(tmp_path, env, settings):
     )
     population.train(2 * ROLLOUT)
     member = 1
-    state = population.member_agent_state(member)
-    # tensors and primitives only, as a Trainer checkpoint
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    state = saved_and_loaded(population.member_agent_state(member))
     assert state["config"]["seed"] == 4 and state["config"]["hyperparameters"]["learning_rate"] == 2e-3
     assert state["progress"]["steps"] == 2 * ROLLOUT
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
+from test_population_vectorized import saved_and_loaded
 
 import phalanx
 from phalanx.config import save_yaml
@@ -157,12 +156,7 @@ def test_member_agent_state_is_an_ordinary_checkpoint(tmp_path, population_class
     population = population_class(small_config(algo), [5, 6], [{}, values])
     population.train(STEPS)
     member = 1
-    state = population.member_agent_state(member)
-    # tensors and primitives only, as a Trainer checkpoint
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    state = saved_and_loaded(population.member_agent_state(member))
     assert state["config"]["seed"] == 6 and state["progress"]["steps"] == STEPS
 
     # the member's algorithm state, Adam moments in the single run's layout, is its single run's
