@@ -32,7 +32,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SOURCE / "phalanx"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("errors and files", ("errors", "files")),
+    ("errors and files", ("errors", "files", "compiling")),
     ("algorithm table", ("registry",)),
     ("config", ("config",)),
     ("market data", ("finance", "finance.data", "finance.indicators", "finance.metrics")),

@@ -128,6 +128,9 @@ class TrainConfig:
     """Include the replay buffer in checkpoints (off-policy), so that a resume continues exactly."""
     torch_threads: int = 0
     """torch.set_num_threads for this run (0: leave torch's default)."""
+    compile: bool | None = None
+    """Run the env step, acting and the update as compiled graphs (torch.compile); False: eagerly; None:
+    compiled on CUDA, eager on a CPU, where compiling costs tens of seconds (see docs/compile.md)."""
     imports: tuple[str, ...] = ()
     """Python modules to import before the env is built, e.g. one that calls register_env (--import
     MODULE, repeatable; found from the current directory or the Python path). Stored in config.yaml,
@@ -186,6 +189,7 @@ class TrainConfig:
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
         self._check_count("log_every", 1)
         self._check_count("torch_threads", 0)
+        check(self.compile in (None, True, False), "compile", self.compile, "true, false or null (auto)")
         self.hyperparameters.validate(self)
 
     def _check_count(self, name: str, minimum: int, expected: str | None = None) -> None:

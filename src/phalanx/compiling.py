@@ -1,0 +1,76 @@
+"""Compiled execution: ``torch.compile`` of phalanx's hot functions, with the eager path as reference.
+
+phalanx's speed on small batches is bounded by overhead, not arithmetic: a CartPole step of 4 sub-envs
+is ~30 tensor ops, a PPO gradient step ~150, each paying Python and dispatch costs (and, on a GPU, a
+kernel launch). A compiled function runs them as a few fused kernels. Each hot function is written
+once, as a function of tensors with every random draw taken outside it (drawn eagerly from the same
+generators, in the same order), so the compiled and the eager function compute the same thing and
+differ only by floating-point rounding; the eager one is the reference the tests compare against.
+
+A run compiles when ``TrainConfig.compile`` is True (``--compile``), runs eagerly when it is False
+(``--no-compile``), and when it is None (the default) compiles where it pays: on CUDA, where the
+overhead is kernel-launch latency; on a CPU compiling costs tens of seconds the first time (torch
+caches the artefacts on disk, so later runs of the same shapes pay a few seconds), which only long
+runs earn back, so the default there is eager (docs/compile.md has the figures).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from phalanx.errors import ConfigError
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot compile for ``device`` on this machine, or None if it can.
+
+    On a CPU, inductor builds C++ and needs a compiler (``CXX``, or ``c++``/``g++``/``clang++`` on the
+    path); on CUDA it generates Triton kernels and needs the ``triton`` package.
+    """
+    if device.type == "cpu":
+        compilers = [os.environ.get("CXX"), "c++", "g++", "clang++"]
+        if not any(name and shutil.which(name) for name in compilers):
+            return (
+                "torch.compile on a CPU builds C++ kernels, and no C++ compiler was found (CXX, c++, g++ "
+                "or clang++ on the PATH). Install one (Debian/Ubuntu: apt-get install g++)"
+            )
+        return None
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401  # the optional part inductor needs on CUDA
+        except ImportError:
+            return "torch.compile on CUDA generates Triton kernels and the triton package is missing. pip install triton"
+        return None
+    return f"phalanx compiles for 'cpu' and 'cuda' devices, not {device.type!r}"
+
+
+def should_compile(requested: bool | None, device: torch.device) -> bool:
+    """Resolve ``TrainConfig.compile``: True and False as asked (True raises a ConfigError with the fix
+    where compiling is impossible); None: compile on CUDA when it can, eager elsewhere."""
+    problem = compile_problem(device)
+    if requested is None:
+        return device.type == "cuda" and problem is None
+    if requested and problem is not None:
+        raise ConfigError(f"compile = True, but {problem}; or run eagerly with --no-compile.")
+    return bool(requested)
+
+
+def compiled(function: Function, dynamic: bool = False) -> Function:
+    """``function`` compiled as one graph (``fullgraph``: a graph break is a bug to fix, not a silent
+    slow path), specialised to the shapes it is called with (``dynamic``: whether sizes may vary
+    without a recompilation)."""
+    return torch.compile(function, fullgraph=True, dynamic=dynamic)  # type: ignore[return-value]
+
+
+def compiled_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A bound method compiled as :func:`compiled` does, keeping its name and docstring for tracebacks
+    and ``help``."""
+    return functools.wraps(method)(compiled(method))
