@@ -47,7 +47,10 @@ def compile_problem(device: torch.device) -> str | None:
         try:
             import triton  # noqa: F401  # the optional part inductor needs on CUDA
         except ImportError:
-            return "torch.compile on CUDA generates Triton kernels and the triton package is missing. pip install triton"
+            return (
+                "torch.compile on CUDA generates Triton kernels and the triton package is missing. "
+                "pip install triton"
+            )
         return None
     return f"phalanx compiles for 'cpu' and 'cuda' devices, not {device.type!r}"
 
