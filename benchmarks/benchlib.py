@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,9 +209,17 @@ def median_time(runs: list[dict[str, Any]]) -> float:
 
 
 def run_phalanx(
-    algo: str, env_id: str, threshold: float, seed: int, threads: int, log_dir: Path, timeout: float
+    algo: str,
+    env_id: str,
+    threshold: float,
+    seed: int,
+    threads: int,
+    log_dir: Path,
+    timeout: float,
+    extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``phalanx train ALGO ENV --stop-return R`` (its shipped preset) in a subprocess; what it measured."""
+    """``phalanx train ALGO ENV --stop-return R`` (its shipped preset) in a subprocess; what it measured.
+    ``extra_args`` are appended to the command (e.g. ``--config FILE`` with a device and compile setting)."""
 
     name = f"phalanx-{algo}-{env_id}-s{seed}"
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=log_dir)) / "run"
@@ -230,6 +239,7 @@ def run_phalanx(
     ]
     if threads:
         command += ["--torch-threads", str(threads)]
+    command += list(extra_args)
     start = time.perf_counter()
     completed, cpu_s = run_logged(command, log_dir / f"{name}.log", timeout)
     process_s = time.perf_counter() - start
@@ -242,7 +252,10 @@ def run_phalanx(
         "process_s": process_s,
         "process_cpu_s": cpu_s,
     }
-    if completed != 0 or not summary_path.is_file():
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    # `phalanx train --stop-return R` exits 1 when its budget ran out before R: a result (not reached),
+    # not a failure, when the summary says the run ended without an error.
+    if summary is None or summary["error"] is not None or completed not in (0, 1):
         return {
             **base,
             "reached": False,
@@ -250,7 +263,6 @@ def run_phalanx(
             "time_to_solve_s": None,
             "steps": None,
         }
-    summary = json.loads(summary_path.read_text())
     config = read_yaml(run_dir / "config.yaml")
     for file in ("summary.json", "metrics.csv", "evaluations.csv", "config.yaml"):  # not the checkpoints
         shutil.copy(run_dir / file, log_dir / f"{name}-{file}")

@@ -37,26 +37,25 @@ def time_updates(step, repeats: int, warmup: int, device: torch.device) -> float
     return rounds[len(rounds) // 2]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--members", type=int, default=10)
-    parser.add_argument("--obs-dim", type=int, default=17)
-    parser.add_argument("--action-dim", type=int, default=6)
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=15)
-    add_json_option(parser)
-    args = parser.parse_args()
-    device = torch.device(args.device)
+def compare(
+    members: int,
+    obs_dim: int,
+    action_dim: int,
+    hidden: list[int],
+    batch_size: int,
+    device: str,
+    repeats: int,
+    rounds: int = 3,
+) -> dict[str, float]:
+    """Milliseconds per update of K = ``members`` critics as a loop and as one batched network: the best
+    of ``rounds`` alternating rounds of each (each round the median of ``repeats`` x 20 updates)."""
+    torch_device = torch.device(device)
     torch.manual_seed(0)
-    in_dim = args.obs_dim + args.action_dim
-    loop = [mlp(in_dim, args.hidden, 1, "relu").to(device) for _ in range(args.members)]
-    batched = EnsembleMLP.from_mlps(loop).to(device)
-    x = torch.randn(args.batch_size, in_dim, device=device)
-    target = torch.randn(args.batch_size, device=device)
+    in_dim = obs_dim + action_dim
+    loop = [mlp(in_dim, hidden, 1, "relu").to(torch_device) for _ in range(members)]
+    batched = EnsembleMLP.from_mlps(loop).to(torch_device)
+    x = torch.randn(batch_size, in_dim, device=torch_device)
+    target = torch.randn(batch_size, device=torch_device)
     loop_optimizer = torch.optim.Adam([p for net in loop for p in net.parameters()], lr=1e-3)
     batched_optimizer = torch.optim.Adam(batched.parameters(), lr=1e-3)
 
@@ -74,16 +73,38 @@ def main() -> None:
 
     # Alternate to share any drift of the machine's speed between the two.
     loop_times, batched_times = [], []
-    for _ in range(3):
-        loop_times.append(time_updates(loop_step, args.repeats, 5, device))
-        batched_times.append(time_updates(batched_step, args.repeats, 5, device))
+    for _ in range(rounds):
+        loop_times.append(time_updates(loop_step, repeats, 5, torch_device))
+        batched_times.append(time_updates(batched_step, repeats, 5, torch_device))
     loop_s, batched_s = min(loop_times), min(batched_times)
-    result = {
-        "machine": machine_info(args.device),
-        "settings": vars(args),
+    return {
         "loop_ms_per_update": loop_s * 1e3,
         "batched_ms_per_update": batched_s * 1e3,
         "speedup": loop_s / batched_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--members", type=int, default=10)
+    parser.add_argument("--obs-dim", type=int, default=17)
+    parser.add_argument("--action-dim", type=int, default=6)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=15)
+    add_json_option(parser)
+    args = parser.parse_args()
+    measured = compare(
+        args.members, args.obs_dim, args.action_dim, args.hidden, args.batch_size, args.device, args.repeats
+    )
+    loop_s, batched_s = measured["loop_ms_per_update"] / 1e3, measured["batched_ms_per_update"] / 1e3
+    result = {
+        "machine": machine_info(args.device),
+        "settings": vars(args),
+        **measured,
     }
     path = write_json(result, args.json, "ensemble_critics")
     print(

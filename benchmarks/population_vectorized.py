@@ -54,6 +54,24 @@ def time_population(config: phalanx.TrainConfig, members: int, steps: int, warmu
     }
 
 
+def population_config(env: str, device: str, num_envs: int, minibatch_size: int) -> phalanx.TrainConfig:
+    """The PPO preset of ``env``, ``num_envs`` sub-envs per member, ``minibatch_size``, no step limit."""
+    return phalanx.make_config(
+        "ppo", env, num_envs=num_envs, minibatch_size=minibatch_size, device=device, total_steps=10**9
+    )
+
+
+def compare(config: phalanx.TrainConfig, members: int, steps: int, warmup: int) -> dict[str, Any]:
+    """One member, then ``members`` members, ``steps`` env steps each: both timings, the wall-time ratio."""
+    single = time_population(config, 1, steps, warmup)
+    population = time_population(config, members, steps, warmup)
+    return {
+        "one_member": single,
+        "population": population,
+        "wall_time_ratio": population["wall_s"] / single["wall_s"],
+    }
+
+
 def time_trainer(config: phalanx.TrainConfig, steps: int) -> float:
     """Seconds of ``phalanx.train`` of one member for ``steps`` env steps (with its final evaluation)."""
     with tempfile.TemporaryDirectory() as directory:
@@ -83,17 +101,9 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
 
-    config = phalanx.make_config(
-        "ppo",
-        args.env,
-        num_envs=args.num_envs,
-        minibatch_size=args.minibatch_size,
-        device=args.device,
-        total_steps=10**9,
-    )
-    single = time_population(config, 1, args.steps, args.warmup)
-    population = time_population(config, args.members, args.steps, args.warmup)
-    ratio = population["wall_s"] / single["wall_s"]
+    config = population_config(args.env, args.device, args.num_envs, args.minibatch_size)
+    measured = compare(config, args.members, args.steps, args.warmup)
+    single, population, ratio = measured["one_member"], measured["population"], measured["wall_time_ratio"]
     trainer_s = time_trainer(config, single["steps_per_member"]) if args.trainer else None
 
     hp = config.hyperparameters

@@ -1,0 +1,700 @@
+"""Every GPU figure that shared/GPU.md and issue 23 ask for, in one time-boxed run of under 9 minutes.
+
+    PYTHONPATH=src python3 benchmarks/gpu_suite.py --json $OUT/gpu_suite.json     # on a lent GPU
+    PYTHONPATH=src python benchmarks/gpu_suite.py --smoke --device cpu            # tiny, on a CPU (<1 min)
+    PYTHONPATH=src python3 benchmarks/gpu_suite.py --parts env_throughput,ppo_training --budget 300
+
+A GPU is lent to some sessions for 30 minutes of device time, 10 minutes a command, so every figure is
+taken by this one command. The parts, in this order (each reuses the benchmark script named):
+
+- ``device``: the GPU (name, compute capability, memory, multiprocessors), its driver (``nvidia-smi``),
+  torch's CUDA and cuDNN versions, Triton, whether torch.compile can compile for the device, and the
+  machine (``benchlib.machine_info``).
+- ``env_throughput``: the built-in CartPole-v1 (``phalanx.envs.classic.CartPoleEnv``) at 2^16, 2^20,
+  2^22 and 2^24 sub-envs, random actions drawn on the device each step (as ``env_throughput.py``), eager
+  and compiled (``env.compile()``; its cost, the compile and the first step, is reported apart).
+- ``ppo_training``: ``phalanx.train`` of PPO on CartPole-v1 at 4,096 and 65,536 envs, eager and compiled
+  (``TrainConfig.compile``), the preset's hyperparameters with its number of minibatches per epoch, a
+  short budget of rollouts: the summary's ``steps_per_second`` (wall time from the start of training,
+  compile included) and its compile figures where it reports them, and the steady rate measured from
+  the end of the first iteration to the end of the last (compile and warm-up excluded).
+- ``population``: a vectorized population of 1,024 PPO members against one member, the same env steps
+  each (``population_vectorized.compare``).
+- ``ensemble_critics``: K = 2, 10, 50 critics as one batched network against a loop of K networks
+  (``ensemble_critics.compare``).
+- ``time_to_solve``: ``phalanx train ppo CartPole-v1 --stop-return 475`` and ``Pendulum-v1
+  --stop-return -200`` with the shipped presets on the device (``benchlib.run_phalanx``, a subprocess
+  each, as ``time_to_solve.py``), eager and compiled, seed 0.
+
+Every part has a time box (``PART_BUDGETS``, cut to what is left of ``--budget``) and is skipped with
+a note when too little time is left; a part that runs out of time keeps the figures it took. Every
+failure is caught and recorded as an error string in the JSON, and a figure not taken says why: none
+is ever estimated. The JSON file is rewritten after every part, so a run killed at the command's limit
+still leaves what it took; the markdown tables are printed at the end.
+
+``--smoke`` runs every part at tiny sizes (eagerly unless ``--modes`` names compiled: a compile costs
+tens of seconds on a CPU), to check the script without a GPU (tests/test_gpu_suite.py).
+
+On the lent machine nothing installs from a registry, and its image lacks some of phalanx's
+dependencies (gymnasium and tyro with their pure-Python dependencies, as of 2026-11): carry them as
+wheels (the device tool's README says how), e.g. ``pip download --no-deps --only-binary=:all:
+--python-version 3.12 -d .whl gymnasium==1.4.0 farama-notifications==0.0.6 tyro==1.0.17
+docstring-parser==0.18.0 typeguard==4.6.1``; the ``device`` part lists what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import machine_info, markdown_table, run_phalanx, timed_steps, write_json  # noqa: E402
+
+PARTS = ("device", "env_throughput", "ppo_training", "population", "ensemble_critics", "time_to_solve")
+MODES = ("eager", "compiled")
+# Seconds each part may take at most (the suite's default budget is 530 s, under the 9 minutes a
+# lease's 10-minute command leaves after the machine's start); a part gets less when less is left.
+PART_BUDGETS = {
+    "device": 20.0,
+    "env_throughput": 140.0,
+    "ppo_training": 180.0,
+    "population": 60.0,
+    "ensemble_critics": 40.0,
+    "time_to_solve": 120.0,
+}
+MIN_PART_S = 10.0  # a part with less time than this left is skipped
+# Packages phalanx needs that a bare image may lack (the lent GPU machine's does, see the docstring).
+REQUIRED_PACKAGES = ("torch", "numpy", "gymnasium", "tyro", "yaml", "rich")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How big every part runs: the full sizes on a GPU, tiny ones for ``--smoke``."""
+
+    env_envs: tuple[int, ...]
+    env_warmup_steps: int
+    env_seconds: float
+    ppo_envs: tuple[int, ...]
+    ppo_rollouts: int
+    population_members: int
+    population_steps: int
+    population_warmup: int
+    population_num_envs: int
+    population_minibatch: int
+    ensemble_members: tuple[int, ...]
+    ensemble_hidden: tuple[int, ...]
+    ensemble_batch: int
+    ensemble_repeats: int
+    ensemble_rounds: int
+    solve_envs: tuple[str, ...]
+    solve_settings: dict[str, Any]  # over the preset's (smoke: a small budget, no evaluation process)
+    solve_run_cap_s: float
+
+
+FULL = Sizes(
+    env_envs=(2**16, 2**20, 2**22, 2**24),
+    env_warmup_steps=10,
+    env_seconds=1.0,
+    ppo_envs=(4_096, 65_536),
+    ppo_rollouts=12,
+    population_members=1_024,
+    population_steps=8_192,
+    population_warmup=1_024,
+    population_num_envs=8,
+    population_minibatch=64,
+    ensemble_members=(2, 10, 50),
+    ensemble_hidden=(256, 256),
+    ensemble_batch=256,
+    ensemble_repeats=5,
+    ensemble_rounds=3,
+    solve_envs=("CartPole-v1", "Pendulum-v1"),
+    solve_settings={},
+    solve_run_cap_s=100.0,
+)
+SMOKE = Sizes(
+    env_envs=(2**8, 2**10),
+    env_warmup_steps=2,
+    env_seconds=0.1,
+    ppo_envs=(32, 64),
+    ppo_rollouts=3,
+    population_members=3,
+    population_steps=256,
+    population_warmup=128,
+    population_num_envs=8,
+    population_minibatch=64,
+    ensemble_members=(2, 3),
+    ensemble_hidden=(16, 16),
+    ensemble_batch=16,
+    ensemble_repeats=2,
+    ensemble_rounds=1,
+    solve_envs=("CartPole-v1",),
+    solve_settings={"total_steps": 2_048, "eval_every": 1_024, "eval_process": False},
+    solve_run_cap_s=60.0,
+)
+
+
+# -- time boxes and recorded failures ----------------------------------------------------------------
+class TimeBoxExpired(BaseException):
+    """A part's time box ran out. A BaseException, as KeyboardInterrupt, so that no ``except Exception``
+    on the way (a row's, or phalanx's own) takes it for the failure of a figure."""
+
+
+@contextmanager
+def time_box(seconds: float) -> Iterator[None]:
+    """Raise TimeBoxExpired in this (the main) thread once ``seconds`` have passed."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeBoxExpired(f"the time box of {seconds:.0f} s ran out")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def describe(error: BaseException) -> str:
+    """An error as one string for the JSON: its type and message."""
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+def where(error: BaseException) -> str:
+    """The end of an error's traceback (where it was raised), for the JSON."""
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))[-1500:]
+
+
+class Part:
+    """One part's rows and time box: ``take`` fills a row with figures, an error, or why it was not taken."""
+
+    def __init__(self, section: dict[str, Any], deadline: float) -> None:
+        self.rows: list[dict[str, Any]] = section.setdefault("rows", [])
+        self.deadline = deadline
+
+    def plan(self, **keys: Any) -> dict[str, Any]:
+        """A row to take (its ``keys`` name it); not taken until ``take`` takes it."""
+        row = {**keys, "not_taken": "the part's time box ran out before this figure"}
+        self.rows.append(row)
+        return row
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def take(
+        self, row: dict[str, Any], need_s: float, measure: Callable[..., dict[str, Any]], *args: Any
+    ) -> None:
+        """Run ``measure(*args)`` for ``row`` if about ``need_s`` seconds are left in the time box; its
+        figures, or the error it raised, go into the row. The time box running out leaves it not taken."""
+        if self.left() < need_s:
+            row["not_taken"] = (
+                f"skipped: {self.left():.0f} s left in the part's time box, it needs ~{need_s:.0f}"
+            )
+            return
+        row["not_taken"] = "the part's time box ran out while taking this figure"
+        try:
+            figures = measure(*args)
+        except Exception as error:  # recorded, and the part goes on with its next figure
+            del row["not_taken"]
+            row["error"] = describe(error)
+            row["traceback"] = where(error)
+            return
+        del row["not_taken"]
+        row.update(figures)
+
+
+def run_part(
+    name: str, measure: Callable[[Part], None], budget_s: float, suite_deadline: float
+) -> dict[str, Any]:
+    """Run one part in its time box (``budget_s``, cut to what is left before ``suite_deadline``)."""
+    left = suite_deadline - time.perf_counter()
+    seconds = min(budget_s, left)
+    section: dict[str, Any] = {"budget_s": budget_s}
+    if seconds < MIN_PART_S:
+        section["status"] = "skipped"
+        section["note"] = (
+            f"not taken: {max(left, 0):.0f} s left of the suite's budget (a part needs {MIN_PART_S:.0f})"
+        )
+        return section
+    section["time_box_s"] = seconds
+    start = time.perf_counter()
+    part = Part(section, start + seconds)
+    try:
+        with time_box(seconds):
+            measure(part)
+        section["status"] = "done"
+    except TimeBoxExpired as expired:
+        section["status"] = "timed out"
+        section["note"] = f"{expired}; the figures taken before are kept"
+    except Exception as error:
+        section["status"] = "error"
+        section["error"] = describe(error)
+        section["traceback"] = where(error)
+    section["seconds"] = time.perf_counter() - start
+    return section
+
+
+def synchronize(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_memory() -> None:
+    """Free what the last figure left on the GPU before the next one allocates."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# -- the parts ---------------------------------------------------------------------------------------
+def device_part(part: Part, device: str) -> None:
+    """The GPU, its driver, torch's CUDA, Triton, whether compiling works, and the machine."""
+    missing = [name for name in REQUIRED_PACKAGES if importlib.util.find_spec(name) is None]
+    part.take(part.plan(what="packages"), 0, lambda: {"missing": missing})
+    if missing:
+        print(
+            f"Missing Python packages: {', '.join(missing)}. phalanx needs them; on the lent GPU machine "
+            "nothing installs from a registry, so carry them as wheels (see this script's docstring and "
+            "the device tool's README); every part that imports phalanx will record the import error.",
+            flush=True,
+        )
+    part.take(part.plan(what="machine"), 0, machine_info, device)
+    part.take(part.plan(what="torch"), 0, torch_info, device)
+    part.take(part.plan(what="nvidia-smi"), 0, nvidia_smi)
+
+
+def torch_info(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cuda_available": torch.cuda.is_available(),
+        "triton": package_version("triton"),
+    }
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        properties = torch.cuda.get_device_properties(torch_device)
+        info["gpu"] = {
+            "name": properties.name,
+            "compute_capability": f"{properties.major}.{properties.minor}",
+            "memory_gib": properties.total_memory / 2**30,
+            "multiprocessors": properties.multi_processor_count,
+        }
+    from phalanx.compiling import compile_problem
+
+    info["compile_problem"] = compile_problem(torch_device)
+    return info
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def nvidia_smi() -> dict[str, Any]:
+    query = "name,driver_version,memory.total,clocks.max.sm,power.limit"
+    try:
+        output = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except FileNotFoundError:
+        return {"nvidia_smi": "not found on this machine"}
+    return {"query": query, "gpus": [line.strip() for line in output.splitlines() if line.strip()]}
+
+
+def env_throughput_part(part: Part, device: str, sizes: Sizes, modes: tuple[str, ...]) -> None:
+    """CartPole-v1 env steps/s at each size, eager and compiled."""
+    need = {"eager": sizes.env_seconds + 2.0, "compiled": sizes.env_seconds + 20.0}
+    by_size_and_mode(part, sizes.env_envs, modes, need, env_steps_per_second, device, sizes)
+
+
+def by_size_and_mode(
+    part: Part,
+    counts: tuple[int, ...],
+    modes: tuple[str, ...],
+    need_s: dict[str, float],
+    measure: Callable[..., dict[str, Any]],
+    device: str,
+    sizes: Sizes,
+) -> None:
+    """``measure(num_envs, device, mode, sizes)`` eagerly at every size, smallest first (cheap and sure),
+    then compiled from the largest size down (the size the targets name, while the time box is fresh)."""
+    for num_envs, mode in [(n, "eager") for n in counts] + [(n, "compiled") for n in reversed(counts)]:
+        row = part.plan(num_envs=num_envs, mode=mode)
+        if mode not in modes:
+            row["not_taken"] = f"mode not requested (--modes {','.join(modes)})"
+            continue
+        part.take(row, need_s[mode], measure, num_envs, device, mode, sizes)
+        release_memory()
+
+
+def env_steps_per_second(num_envs: int, device: str, mode: str, sizes: Sizes) -> dict[str, Any]:
+    """Steps of ``num_envs`` CartPoles with random actions drawn on the device, as env_throughput.py
+    steps them; compiled: after ``env.compile()``, whose cost (with the first step) is reported apart."""
+    import torch
+
+    from phalanx.envs.classic import CartPoleEnv
+
+    env = CartPoleEnv(num_envs, device=device)
+    env.reset(seed=0)
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(0)
+
+    def step() -> None:
+        env.step(torch.randint(0, 2, (num_envs,), device=env.device, generator=generator))
+
+    figures: dict[str, Any] = {}
+    if mode == "compiled":
+        start = time.perf_counter()
+        try:
+            figures["compiled"] = env.compile()
+            step()
+            synchronize(env.device)
+        except Exception as error:
+            return {"not_available": describe(error), "traceback": where(error)}
+        figures["compile_and_first_step_s"] = time.perf_counter() - start
+    steps, seconds = timed_steps(
+        step, lambda: synchronize(env.device), sizes.env_warmup_steps, sizes.env_seconds, 10
+    )
+    env.close()
+    return {
+        **figures,
+        "vector_steps": steps,
+        "seconds": seconds,
+        "env_steps_per_second": steps * num_envs / seconds,
+    }
+
+
+def ppo_training_part(part: Part, device: str, sizes: Sizes, modes: tuple[str, ...]) -> None:
+    """End-to-end PPO on CartPole-v1 at each size, eager and compiled."""
+    by_size_and_mode(
+        part, sizes.ppo_envs, modes, {"eager": 15.0, "compiled": 40.0}, ppo_steps_per_second, device, sizes
+    )
+
+
+def ppo_steps_per_second(num_envs: int, device: str, mode: str, sizes: Sizes) -> dict[str, Any]:
+    """``phalanx.train`` of ``sizes.ppo_rollouts`` rollouts: the summary's rates and the steady rate."""
+    import phalanx
+    from phalanx.train.hooks import Hook
+
+    preset = phalanx.make_config("ppo", "CartPole-v1")
+    horizon = preset.hyperparameters.horizon
+    minibatches = preset.num_envs * horizon // preset.hyperparameters.minibatch_size
+
+    class IterationEnds(Hook):
+        """The time (device synchronised) and the env steps at the start and the end of every iteration."""
+
+        def __init__(self) -> None:
+            self.start = 0.0
+            self.marks: list[tuple[float, int]] = []
+
+        def on_start(self, trainer: Any) -> None:
+            self.start = time.perf_counter()
+
+        def after_iteration(self, trainer: Any) -> None:
+            synchronize(trainer.device)
+            self.marks.append((time.perf_counter(), trainer.steps))
+
+    ends = IterationEnds()
+    with tempfile.TemporaryDirectory(prefix="gpu_suite-ppo-") as directory:
+        config = phalanx.make_config(
+            "ppo",
+            "CartPole-v1",
+            num_envs=num_envs,
+            device=device,
+            compile=mode == "compiled",
+            total_steps=sizes.ppo_rollouts * num_envs * horizon,
+            minibatch_size=num_envs * horizon // minibatches,
+            eval_every=0,
+            eval_process=False,
+            run_dir=f"{directory}/run",
+        )
+        summary = phalanx.train(config, show_progress=False, hooks=[ends]).summary
+    figures: dict[str, Any] = {
+        "total_steps": summary["total_steps"],
+        "horizon": horizon,
+        "minibatch_size": config.hyperparameters.minibatch_size,
+        "wall_time_s": summary["wall_time_s"],
+        "steps_per_second": summary["steps_per_second"],
+        **{key: value for key, value in summary.items() if "compile" in key},
+    }
+    if len(ends.marks) >= 2:
+        (first_time, first_steps), (last_time, last_steps) = ends.marks[0], ends.marks[-1]
+        figures["steady_steps_per_second"] = (last_steps - first_steps) / (last_time - first_time)
+        figures["first_iteration_s"] = first_time - ends.start
+    else:
+        figures["steady_steps_per_second"] = "not taken: fewer than two iterations"
+    return figures
+
+
+def population_part(part: Part, device: str, sizes: Sizes) -> None:
+    """A vectorized population of ``population_members`` PPO members against one member."""
+
+    def measure() -> dict[str, Any]:
+        import population_vectorized
+
+        config = population_vectorized.population_config(
+            "CartPole-v1", device, sizes.population_num_envs, sizes.population_minibatch
+        )
+        compared = population_vectorized.compare(
+            config, sizes.population_members, sizes.population_steps, sizes.population_warmup
+        )
+        return {"config_compile": config.compile, **compared}
+
+    row = part.plan(members=sizes.population_members, num_envs_per_member=sizes.population_num_envs)
+    part.take(row, 10.0, measure)
+
+
+def ensemble_critics_part(part: Part, device: str, sizes: Sizes) -> None:
+    """K critics (MuJoCo-sized inputs: 17 + 6) as one batched network against a loop, for each K."""
+    import ensemble_critics
+
+    hidden = list(sizes.ensemble_hidden)
+    for members in sizes.ensemble_members:
+        row = part.plan(critics=members, hidden=hidden, batch=sizes.ensemble_batch)
+        arguments = (members, 17, 6, hidden, sizes.ensemble_batch, device, sizes.ensemble_repeats)
+        part.take(row, 3.0, ensemble_critics.compare, *arguments, sizes.ensemble_rounds)
+
+
+def time_to_solve_part(part: Part, device: str, sizes: Sizes, modes: tuple[str, ...], log_root: Path) -> None:
+    """The PPO presets to their thresholds on the device, eager then compiled, one subprocess each."""
+    from time_to_solve import THRESHOLDS
+
+    for mode in MODES:
+        for env_id in sizes.solve_envs:
+            row = part.plan(env=env_id, mode=mode, threshold=THRESHOLDS[env_id], seed=0)
+            if mode not in modes:
+                row["not_taken"] = f"mode not requested (--modes {','.join(modes)})"
+                continue
+            settings = {"device": device, "compile": mode == "compiled", **sizes.solve_settings}
+            part.take(
+                row, 15.0, solve_once, env_id, THRESHOLDS[env_id], settings, log_root / mode, part, sizes
+            )
+
+
+def solve_once(
+    env_id: str, threshold: float, settings: dict[str, Any], log_dir: Path, part: Part, sizes: Sizes
+) -> dict[str, Any]:
+    """``phalanx train ppo ENV --stop-return R --seed 0 --config FILE`` (``settings`` in FILE) in a
+    subprocess, killed when the part's time box (or the run's cap) runs out."""
+    import yaml
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_file = log_dir / f"{env_id}.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    timeout = min(sizes.solve_run_cap_s, part.left() - 2)
+    run = run_phalanx("ppo", env_id, threshold, 0, 1, log_dir, timeout, ["--config", str(config_file)])
+    return {"settings": settings, "timeout_s": timeout, **run}
+
+
+# -- the report --------------------------------------------------------------------------------------
+def table(rows: list[dict[str, Any]], keys: dict[str, str], figures: dict[str, str]) -> str:
+    """A markdown table of ``rows``: the columns ``keys`` name them, then their ``figures`` (header by
+    key), or, for a row without figures, why it has none."""
+    lines = []
+    for row in rows:
+        reason = next((f"{k.replace('_', ' ')}: {row[k]}" for k in REASONS if k in row), None)
+        cells = [row.get(key, "-") for key in keys]
+        if reason is None:
+            cells += [row.get(key, "-") for key in figures]
+        else:
+            cells += [reason[:160]] + ["-"] * (len(figures) - 1)
+        lines.append(cells)
+    return markdown_table([*keys.values(), *figures.values()], lines)
+
+
+REASONS = ("not_taken", "not_available", "error")
+
+
+def tables(result: dict[str, Any]) -> str:
+    """The suite's figures as markdown: a heading with its status per part, then its table."""
+    sections = result["sections"]
+    out = [
+        f"GPU suite on {result['device_name']} ({result['settings']['device']}), {result['total_s']:.0f} s"
+    ]
+    layouts: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+        "env_throughput": (
+            {"num_envs": "sub-envs", "mode": "mode"},
+            {"env_steps_per_second": "env steps/s", "compile_and_first_step_s": "compile + first step s"},
+        ),
+        "ppo_training": (
+            {"num_envs": "envs", "mode": "mode"},
+            {
+                "steps_per_second": "steps/s (wall, compile included)",
+                "steady_steps_per_second": "steady steps/s",
+                "total_steps": "env steps",
+                "wall_time_s": "wall s",
+                "first_iteration_s": "first iteration s",
+            },
+        ),
+        "population": (
+            {"members": "members", "num_envs_per_member": "envs/member"},
+            {
+                "wall_time_ratio": "wall vs one member",
+                "one_member_s": "one member s",
+                "population_s": "all s",
+            },
+        ),
+        "ensemble_critics": (
+            {"critics": "critics", "batch": "batch"},
+            {"loop_ms_per_update": "loop ms/update", "batched_ms_per_update": "batched ms/update"},
+        ),
+        "time_to_solve": (
+            {"env": "env", "mode": "mode", "threshold": "threshold"},
+            {"time_to_solve_s": "time to solve s", "steps": "env steps", "last_eval_return": "last eval"},
+        ),
+    }
+    for name in PARTS:
+        section = sections.get(name, {})
+        note = section.get("note") or section.get("error") or ""
+        out.append(f"\n### {name} ({section.get('status', 'not run')}{': ' + note if note else ''})\n")
+        rows = section.get("rows", [])
+        if not rows:
+            continue
+        if name == "device":
+            out += [
+                f"- {json.dumps({k: v for k, v in row.items() if k != 'traceback'})[:500]}" for row in rows
+            ]
+        elif name == "population":
+            flat = [
+                {
+                    **row,
+                    "one_member_s": row["one_member"]["wall_s"],
+                    "population_s": row["population"]["wall_s"],
+                }
+                if "one_member" in row
+                else row
+                for row in rows
+            ]
+            out.append(table(flat, *layouts[name]))
+        elif name == "time_to_solve":
+            shown = [
+                {**row, "time_to_solve_s": "not reached"} if row.get("reached") is False else row
+                for row in rows
+            ]
+            out.append(table(shown, *layouts[name]))
+        else:
+            out.append(table(rows, *layouts[name]))
+    return "\n".join(out)
+
+
+def device_name(sections: dict[str, Any]) -> str:
+    """The GPU's name as the device part found it, or what ran instead."""
+    for row in sections.get("device", {}).get("rows", []):
+        if row.get("what") == "torch":
+            gpu = row.get("gpu")
+            if gpu:
+                return gpu["name"]
+    return "no GPU (CPU)"
+
+
+def parse_list(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    chosen = tuple(item for item in text.split(",") if item)
+    unknown = [item for item in chosen if item not in allowed]
+    if unknown or not chosen:
+        raise SystemExit(
+            f"gpu_suite.py: {flag} {text!r} names {unknown or 'nothing'}; expected a comma-separated "
+            f"list of {', '.join(allowed)}. Fix: e.g. {flag} {','.join(allowed)}"
+        )
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script (on a CPU)")
+    parser.add_argument(
+        "--budget", type=float, default=530.0, help="seconds for the whole suite (default 530)"
+    )
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
+    parser.add_argument(
+        "--modes", default=None, help="eager,compiled (default; --smoke: eager): which modes to measure"
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
+    )
+    args = parser.parse_args(argv)
+    parts = parse_list(args.parts, PARTS, "--parts")
+    modes = parse_list(args.modes or ("eager" if args.smoke else "eager,compiled"), MODES, "--modes")
+    sizes = SMOKE if args.smoke else FULL
+
+    started = time.perf_counter()
+    deadline = started + args.budget
+    log_root = Path(tempfile.mkdtemp(prefix="gpu_suite-logs-"))  # the time-to-solve runs' logs
+    measures: dict[str, Callable[[Part], None]] = {
+        "device": lambda part: device_part(part, args.device),
+        "env_throughput": lambda part: env_throughput_part(part, args.device, sizes, modes),
+        "ppo_training": lambda part: ppo_training_part(part, args.device, sizes, modes),
+        "population": lambda part: population_part(part, args.device, sizes),
+        "ensemble_critics": lambda part: ensemble_critics_part(part, args.device, sizes),
+        "time_to_solve": lambda part: time_to_solve_part(part, args.device, sizes, modes, log_root),
+    }
+    result: dict[str, Any] = {
+        "benchmark": "gpu_suite",
+        "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
+        "settings": {
+            "device": args.device,
+            "smoke": args.smoke,
+            "budget_s": args.budget,
+            "parts": list(parts),
+            "modes": list(modes),
+            "part_budgets_s": PART_BUDGETS,
+            "sizes": dataclasses.asdict(sizes),
+            "pythonpath": os.environ.get("PYTHONPATH"),
+            "logs": str(log_root),
+        },
+        "sections": {name: {"status": "not requested (--parts)"} for name in PARTS if name not in parts},
+    }
+    path = None
+    for name in PARTS:
+        if name not in parts:
+            continue
+        print(f"[gpu_suite] {name} ({deadline - time.perf_counter():.0f} s left)", flush=True)
+        result["sections"][name] = run_part(name, measures[name], PART_BUDGETS[name], deadline)
+        result["device_name"] = device_name(result["sections"])
+        result["total_s"] = time.perf_counter() - started
+        path = write_json(result, args.json, "gpu_suite")
+        section = result["sections"][name]
+        print(f"[gpu_suite] {name}: {section['status']} in {section.get('seconds', 0):.1f} s", flush=True)
+    result["device_name"] = device_name(result["sections"])
+    result["total_s"] = time.perf_counter() - started
+    path = write_json(result, args.json, "gpu_suite")
+    print()
+    print(tables(result))
+    print(f"\nwrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
