@@ -241,7 +241,8 @@ def run_phalanx(
         command += ["--torch-threads", str(threads)]
     command += list(extra_args)
     start = time.perf_counter()
-    completed, cpu_s = run_logged(command, log_dir / f"{name}.log", timeout)
+    log = log_dir / f"{name}.log"
+    completed, cpu_s = run_logged(command, log, timeout)
     process_s = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
     base = {
@@ -251,6 +252,7 @@ def run_phalanx(
         "seed": seed,
         "process_s": process_s,
         "process_cpu_s": cpu_s,
+        "log": str(log),
     }
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     # `phalanx train --stop-return R` exits 1 when its budget ran out before R: a result (not reached),

@@ -131,7 +131,7 @@ SMOKE = Sizes(
     env_warmup_steps=2,
     env_seconds=0.1,
     ppo_envs=(32, 64),
-    ppo_rollouts=3,
+    ppo_rollouts=2,
     population_members=3,
     population_steps=256,
     population_warmup=128,
@@ -140,7 +140,7 @@ SMOKE = Sizes(
     ensemble_members=(2, 3),
     ensemble_hidden=(16, 16),
     ensemble_batch=16,
-    ensemble_repeats=2,
+    ensemble_repeats=1,
     ensemble_rounds=1,
     solve_envs=("CartPole-v1",),
     solve_settings={"total_steps": 2_048, "eval_every": 1_024, "eval_process": False},
@@ -348,13 +348,19 @@ def by_size_and_mode(
 ) -> None:
     """``measure(num_envs, device, mode, sizes)`` eagerly at every size, smallest first (cheap and sure),
     then compiled from the largest size down (the size the targets name, while the time box is fresh)."""
-    for num_envs, mode in [(n, "eager") for n in counts] + [(n, "compiled") for n in reversed(counts)]:
-        row = part.plan(num_envs=num_envs, mode=mode)
-        if mode not in modes:
-            row["not_taken"] = f"mode not requested (--modes {','.join(modes)})"
-            continue
-        part.take(row, need_s[mode], measure, num_envs, device, mode, sizes)
+    order = [(n, "eager") for n in counts] + [(n, "compiled") for n in reversed(counts)]
+    rows = [part.plan(num_envs=num_envs, mode=mode) for num_envs, mode in order]  # all listed up front
+    for row in unrequested_modes_marked(rows, modes):
+        part.take(row, need_s[row["mode"]], measure, row["num_envs"], device, row["mode"], sizes)
         release_memory()
+
+
+def unrequested_modes_marked(rows: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Mark the rows of a mode not in ``modes`` as not taken, and return the others, to take."""
+    for row in rows:
+        if row["mode"] not in modes:
+            row["not_taken"] = f"mode not requested (--modes {','.join(modes)})"
+    return [row for row in rows if row["mode"] in modes]
 
 
 def env_steps_per_second(num_envs: int, device: str, mode: str, sizes: Sizes) -> dict[str, Any]:
@@ -479,9 +485,9 @@ def ensemble_critics_part(part: Part, device: str, sizes: Sizes) -> None:
     import ensemble_critics
 
     hidden = list(sizes.ensemble_hidden)
-    for members in sizes.ensemble_members:
-        row = part.plan(critics=members, hidden=hidden, batch=sizes.ensemble_batch)
-        arguments = (members, 17, 6, hidden, sizes.ensemble_batch, device, sizes.ensemble_repeats)
+    rows = [part.plan(critics=k, hidden=hidden, batch=sizes.ensemble_batch) for k in sizes.ensemble_members]
+    for row in rows:
+        arguments = (row["critics"], 17, 6, hidden, sizes.ensemble_batch, device, sizes.ensemble_repeats)
         part.take(row, 3.0, ensemble_critics.compare, *arguments, sizes.ensemble_rounds)
 
 
@@ -489,16 +495,15 @@ def time_to_solve_part(part: Part, device: str, sizes: Sizes, modes: tuple[str, 
     """The PPO presets to their thresholds on the device, eager then compiled, one subprocess each."""
     from time_to_solve import THRESHOLDS
 
-    for mode in MODES:
-        for env_id in sizes.solve_envs:
-            row = part.plan(env=env_id, mode=mode, threshold=THRESHOLDS[env_id], seed=0)
-            if mode not in modes:
-                row["not_taken"] = f"mode not requested (--modes {','.join(modes)})"
-                continue
-            settings = {"device": device, "compile": mode == "compiled", **sizes.solve_settings}
-            part.take(
-                row, 15.0, solve_once, env_id, THRESHOLDS[env_id], settings, log_root / mode, part, sizes
-            )
+    rows = [
+        part.plan(env=env_id, mode=mode, threshold=THRESHOLDS[env_id], seed=0)
+        for mode in MODES
+        for env_id in sizes.solve_envs
+    ]
+    for row in unrequested_modes_marked(rows, modes):
+        settings = {"device": device, "compile": row["mode"] == "compiled", **sizes.solve_settings}
+        log_dir = log_root / row["mode"]
+        part.take(row, 15.0, solve_once, row["env"], row["threshold"], settings, log_dir, part, sizes)
 
 
 def solve_once(
@@ -513,6 +518,8 @@ def solve_once(
     config_file.write_text(yaml.safe_dump(settings))
     timeout = min(sizes.solve_run_cap_s, part.left() - 2)
     run = run_phalanx("ppo", env_id, threshold, 0, 1, log_dir, timeout, ["--config", str(config_file)])
+    if "error" in run:  # the log stays on the lent machine: keep its end, which says why
+        run["log_tail"] = Path(run["log"]).read_text()[-1500:]
     return {"settings": settings, "timeout_s": timeout, **run}
 
 
@@ -575,6 +582,8 @@ def tables(result: dict[str, Any]) -> str:
     }
     for name in PARTS:
         section = sections.get(name, {})
+        if "rows" not in section and section.get("status", "").startswith("not requested"):
+            continue
         note = section.get("note") or section.get("error") or ""
         out.append(f"\n### {name} ({section.get('status', 'not run')}{': ' + note if note else ''})\n")
         rows = section.get("rows", [])
@@ -648,6 +657,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parts = parse_list(args.parts, PARTS, "--parts")
     modes = parse_list(args.modes or ("eager" if args.smoke else "eager,compiled"), MODES, "--modes")
     sizes = SMOKE if args.smoke else FULL
+    if args.smoke:  # tiny batches: torch's intra-op threads would only spin against each other (and CI)
+        import torch
+
+        torch.set_num_threads(1)
 
     started = time.perf_counter()
     deadline = started + args.budget
