@@ -1,6 +1,6 @@
-"""Every GPU figure that shared/GPU.md and issue 23 ask for, in one time-boxed run of under 9 minutes.
+r"""Every GPU figure that shared/GPU.md and issue 23 ask for, in one time-boxed run of under 9 minutes.
 
-    PYTHONPATH=src python3 benchmarks/gpu_suite.py --json $OUT/gpu_suite.json     # on a lent GPU
+    PYTHONPATH=src python3 benchmarks/gpu_suite.py --json $OUT/gpu_suite.json     # on a lent GPU (below)
     PYTHONPATH=src python benchmarks/gpu_suite.py --smoke --device cpu            # tiny, on a CPU (<1 min)
     PYTHONPATH=src python3 benchmarks/gpu_suite.py --parts env_throughput,ppo_training --budget 300
 
@@ -36,10 +36,16 @@ still leaves what it took; the markdown tables are printed at the end.
 tens of seconds on a CPU), to check the script without a GPU (tests/test_gpu_suite.py).
 
 On the lent machine nothing installs from a registry, and its image lacks some of phalanx's
-dependencies (gymnasium and tyro with their pure-Python dependencies, as of 2026-11): carry them as
-wheels (the device tool's README says how), e.g. ``pip download --no-deps --only-binary=:all:
---python-version 3.12 -d .whl gymnasium==1.4.0 farama-notifications==0.0.6 tyro==1.0.17
-docstring-parser==0.18.0 typeguard==4.6.1``; the ``device`` part lists what is missing.
+dependencies (gymnasium and tyro with their pure-Python dependencies, as of 2026-11; the ``device``
+part lists what is missing). Carry them as wheels, as the device tool's README says: here, once,
+``echo /.whl/ >> .git/info/exclude; python -m pip download --no-deps --only-binary=:all:
+--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl gymnasium==1.4.0
+farama-notifications==0.0.6 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1`` (750 kB); then
+one device call (carry ``.whl``, 600 s)::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/*.whl && PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_suite.py \
+        --json $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
 """
 
 from __future__ import annotations
@@ -130,7 +136,7 @@ SMOKE = Sizes(
     env_envs=(2**8, 2**10),
     env_warmup_steps=2,
     env_seconds=0.1,
-    ppo_envs=(32, 64),
+    ppo_envs=(32,),
     ppo_rollouts=2,
     population_members=3,
     population_steps=256,
@@ -551,7 +557,11 @@ def tables(result: dict[str, Any]) -> str:
     layouts: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         "env_throughput": (
             {"num_envs": "sub-envs", "mode": "mode"},
-            {"env_steps_per_second": "env steps/s", "compile_and_first_step_s": "compile + first step s"},
+            {
+                "env_steps_per_second": "env steps/s",
+                "compile_and_first_step_s": "compile + first step s",
+                "compiled": "compiled",
+            },
         ),
         "ppo_training": (
             {"num_envs": "envs", "mode": "mode"},
