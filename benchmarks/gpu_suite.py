@@ -224,9 +224,7 @@ class Part:
         row.update(figures)
 
 
-def run_part(
-    name: str, measure: Callable[[Part], None], budget_s: float, suite_deadline: float
-) -> dict[str, Any]:
+def run_part(measure: Callable[[Part], None], budget_s: float, suite_deadline: float) -> dict[str, Any]:
     """Run one part in its time box (``budget_s``, cut to what is left before ``suite_deadline``)."""
     left = suite_deadline - time.perf_counter()
     seconds = min(budget_s, left)
@@ -704,7 +702,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if name not in parts:
             continue
         print(f"[gpu_suite] {name} ({deadline - time.perf_counter():.0f} s left)", flush=True)
-        result["sections"][name] = run_part(name, measures[name], PART_BUDGETS[name], deadline)
+        result["sections"][name] = run_part(measures[name], PART_BUDGETS[name], deadline)
         result["device_name"] = device_name(result["sections"])
         result["total_s"] = time.perf_counter() - started
         path = write_json(result, args.json, "gpu_suite")

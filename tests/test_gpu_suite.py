@@ -86,7 +86,7 @@ def test_time_box_keeps_the_figures_taken_and_marks_the_rest_not_taken(suite, mo
         part.take(slow, 0, time.sleep, 5)
 
     started = time.perf_counter()
-    section = suite.run_part("demo", measure, 0.5, time.perf_counter() + 100)
+    section = suite.run_part(measure, 0.5, time.perf_counter() + 100)
     assert time.perf_counter() - started < 3
     assert section["status"] == "timed out" and "ran out" in section["note"]
     taken, failed, skipped, cut, never = section["rows"]
@@ -98,13 +98,13 @@ def test_time_box_keeps_the_figures_taken_and_marks_the_rest_not_taken(suite, mo
 
 
 def test_a_part_without_time_left_is_skipped_and_a_failing_part_is_recorded(suite):
-    skipped = suite.run_part("demo", lambda part: None, 100, time.perf_counter() + 1)
+    skipped = suite.run_part(lambda part: None, 100, time.perf_counter() + 1)
     assert skipped["status"] == "skipped" and skipped["note"].startswith("not taken:")
 
     def broken(part):
         raise ModuleNotFoundError("No module named 'gymnasium'")
 
-    failed = suite.run_part("demo", broken, 100, time.perf_counter() + 100)
+    failed = suite.run_part(broken, 100, time.perf_counter() + 100)
     assert failed["status"] == "error"
     assert failed["error"] == "ModuleNotFoundError: No module named 'gymnasium'"
 
