@@ -40,8 +40,10 @@ def suite():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """The JSON of ``gpu_suite.py --smoke --device cpu`` (one run for the module)."""
-    path = tmp_path_factory.mktemp("gpu_suite") / "gpu_suite.json"
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    directory = tmp_path_factory.mktemp("gpu_suite")
+    path = directory / "gpu_suite.json"
+    # TMPDIR: the suite's logs and the runs' directories go under pytest's temporary directory too.
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(directory)}
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--json", str(path)],
         capture_output=True,
