@@ -383,12 +383,14 @@ class BlockRunner:
 
 
 def run_python_chain(chain: list[Block], runner: BlockRunner, directory: Path) -> str:
+    """The chain's blocks as one script; returns its time."""
     code = "".join(f"# --- {block.where} ---\n{block.code}" for block in chain)
     name = (header(chain[0].code, "file") or ["block.py"])[0]
     (directory / name).write_text(code)
+    start = time.perf_counter()
     result = runner.run([sys.executable, name], directory, run_env())
     check_output(chain[-1].where, "the script", result, shown_values(code))
-    return ""
+    return f"{time.perf_counter() - start:6.1f} s  python {name}"
 
 
 def run_shell_page(page: str, slow: bool, runner: BlockRunner, directory: Path) -> str:
@@ -443,22 +445,26 @@ def block_runner(request, tmp_path_factory):
     runner.close()
 
 
-@pytest.mark.parametrize("chain", PYTHON_CHAINS, ids=[chain[-1].where for chain in PYTHON_CHAINS])
-def test_python_block_runs_as_a_script(chain, block_runner):
-    missing = missing_requirement(chain[0].code)
-    if missing:
-        pytest.skip(f"{chain[-1].where} {missing}")
-    failure, _ = block_runner.result(f"python {chain[-1].where}")
-    if failure:
-        pytest.fail(failure, pytrace=False)
-
-
+# The pages' tests come first, in the order the runner starts their work (the pages, then the scripts):
+# a test's duration (--durations) is then the time its own work took to finish, where a script's test
+# placed first would wait, and be timed, for the pages started before it.
 @pytest.mark.parametrize("page, slow", SHELL_PAGES)
 def test_shell_blocks_run_in_order(page, slow, block_runner):
     failure, timings = block_runner.result(f"shell {page} {slow}")
     if failure:
         pytest.fail(failure, pytrace=False)
     print(timings)
+
+
+@pytest.mark.parametrize("chain", PYTHON_CHAINS, ids=[chain[-1].where for chain in PYTHON_CHAINS])
+def test_python_block_runs_as_a_script(chain, block_runner):
+    missing = missing_requirement(chain[0].code)
+    if missing:
+        pytest.skip(f"{chain[-1].where} {missing}")
+    failure, timing = block_runner.result(f"python {chain[-1].where}")
+    if failure:
+        pytest.fail(failure, pytrace=False)
+    print(timing)
 
 
 # -- what the pages say -------------------------------------------------------------------------------
@@ -470,7 +476,15 @@ def test_readme_names_exactly_the_two_setup_commands_first():
 
 def test_readme_links_the_guides():
     readme = (ROOT / "README.md").read_text()
-    for guide in ("environments", "parallelism", "population", "multi_agent", "architecture", "hooks"):
+    for guide in (
+        "environments",
+        "parallelism",
+        "population",
+        "multi_agent",
+        "architecture",
+        "hooks",
+        "compile",
+    ):
         assert f"(docs/{guide}.md)" in readme, guide
 
 
@@ -512,11 +526,17 @@ def test_max_steps_caps_every_run_budget(monkeypatch):
 
 
 # -- links -------------------------------------------------------------------------------------------
-MARKDOWN_FILES = sorted(
-    path
-    for path in ROOT.rglob("*.md")
-    if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
-)
+def markdown_files() -> list[Path]:
+    """The repository's pages, outside hidden directories, which are not walked (.venv holds thousands of
+    files: a few seconds of every collection of this file)."""
+    pages = []
+    for directory, subdirectories, files in os.walk(ROOT):
+        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")]
+        pages += [Path(directory, name) for name in files if name.endswith(".md") and name[0] != "."]
+    return sorted(pages)
+
+
+MARKDOWN_FILES = markdown_files()
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_PATH = re.compile(r"`(\.\.?/[^`\s]+)`")
 

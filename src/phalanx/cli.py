@@ -52,7 +52,7 @@ USAGE = """usage: phalanx COMMAND ...
 
 commands:
   train ALGO ENV [--num-envs N] [--total-steps N] [--seed S] [--device D] [--run-dir DIR]
-                 [--stop-return R] [--num-workers N] [--pipeline] [--learners N]
+                 [--stop-return R] [--num-workers N] [--pipeline] [--learners N] [--[no-]compile]
                  [--config FILE] [--import MODULE ...] [--<hyperparameter> VALUE ...]
                                    train an agent (phalanx train ALGO ENV --help lists every flag)
   eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
@@ -108,7 +108,15 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- train ----------------------------------------------------------------------------------------
 def cli_config_class(algorithm: Any) -> type:
-    """TrainConfig with the algorithm's own hyperparameter class, so tyro generates its flags."""
+    """TrainConfig with the algorithm's own hyperparameter class, so tyro generates its flags.
+
+    A ``bool | None`` setting (None: decided by the run, e.g. ``compile``) is a pair of flags,
+    ``--compile`` / ``--no-compile``, absent: None, instead of tyro's ``--compile {None,True,False}``."""
+    optional_flags = [
+        (name, tyro.conf.DisallowNone[bool | None], dataclasses.field(default=None))
+        for name, kind in typing.get_type_hints(TrainConfig).items()
+        if kind == bool | None
+    ]
     return dataclasses.make_dataclass(
         f"{algorithm.config_class.__name__}Run",
         [
@@ -129,6 +137,7 @@ def cli_config_class(algorithm: Any) -> type:
                 Annotated[tuple[str, ...], tyro.conf.arg(aliases=("--import",), metavar="MODULE ...")],
                 dataclasses.field(default=()),
             ),
+            *optional_flags,
         ],
         bases=(TrainConfig,),
     )

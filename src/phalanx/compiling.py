@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -69,11 +70,38 @@ def should_compile(requested: bool | None, device: torch.device) -> bool:
 def compiled(function: Function, dynamic: bool = False) -> Function:
     """``function`` compiled as one graph (``fullgraph``: a graph break is a bug to fix, not a silent
     slow path), specialised to the shapes it is called with (``dynamic``: whether sizes may vary
-    without a recompilation)."""
-    return torch.compile(function, fullgraph=True, dynamic=dynamic)  # type: ignore[return-value]
+    without a recompilation). It keeps ``function``'s name and docstring, and its first call, where
+    torch compiles it, is timed into :func:`compile_seconds`."""
+    graph = torch.compile(function, fullgraph=True, dynamic=dynamic)
+    first = True
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        global _compile_seconds
+        nonlocal first
+        if not first:
+            return graph(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return graph(*args, **kwargs)
+        finally:
+            _compile_seconds += time.perf_counter() - start
+            first = False
+
+    return call  # type: ignore[return-value]
 
 
 def compiled_method(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A bound method compiled as :func:`compiled` does, keeping its name and docstring for tracebacks
-    and ``help``."""
-    return functools.wraps(method)(compiled(method))
+    """A bound method compiled as :func:`compiled` does."""
+    return compiled(method)
+
+
+_compile_seconds = 0.0
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in the first calls of its compiled functions: compiling them
+    (tracing, code generation and the C++ build, or loading torch's cached artefacts) and running them
+    once. A recompilation in a later call (a new shape, which phalanx's fixed shapes avoid; see them with
+    ``TORCH_LOGS=recompiles``) is not counted. A run reports its share as ``compile_time_s``."""
+    return _compile_seconds

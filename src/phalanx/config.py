@@ -129,8 +129,9 @@ class TrainConfig:
     torch_threads: int = 0
     """torch.set_num_threads for this run (0: leave torch's default)."""
     compile: bool | None = None
-    """Run the env step, acting and the update as compiled graphs (torch.compile); False: eagerly; None:
-    compiled on CUDA, eager on a CPU, where compiling costs tens of seconds (see docs/compile.md)."""
+    """Run the env step, acting and the update as compiled graphs (torch.compile): --compile (true);
+    --no-compile (false): eagerly; neither (null): compiled on CUDA, eager on a CPU, where compiling costs
+    tens of seconds (see docs/compile.md)."""
     imports: tuple[str, ...] = ()
     """Python modules to import before the env is built, e.g. one that calls register_env (--import
     MODULE, repeatable; found from the current directory or the Python path). Stored in config.yaml,
@@ -312,7 +313,7 @@ def coerce(cls: type, name: str, value: Any, where: str) -> Any:
             "text": " (quoted, so that YAML does not read it as a number, a date or true/false)",
             "a number": " (0.001, 1e-3 and 3e-4 are numbers)",
             "a whole number": " (1000, 1_000 and 1e3 are whole numbers)",
-        }.get(mismatch.expected, "")
+        }.get(mismatch.expected.removesuffix(" or null"), "")
         written = (
             f"{name}: '{example}'"
             if isinstance(example, str)
@@ -341,7 +342,13 @@ def _convert(kind: Any, value: Any) -> Any:
         if value is None and type(None) in arguments:
             return None
         options = [option for option in arguments if option is not type(None)]
-        return _convert(options[0], value) if len(options) == 1 else value
+        if len(options) != 1:
+            return value
+        try:
+            return _convert(options[0], value)
+        except _Mismatch as mismatch:  # "true or false" -> "true, false or null"
+            expected = mismatch.expected.replace(" or ", ", ") + " or null"
+            raise _Mismatch(value, expected, mismatch.example) from None
     if origin is tuple:
         sized = isinstance(value, (list, tuple))
         items = arguments[:1] * len(value) if sized and arguments[1:] == (Ellipsis,) else arguments

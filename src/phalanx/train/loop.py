@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from phalanx.compiling import compile_seconds
 from phalanx.config import save_yaml
 from phalanx.train.collection import choose_collection
 from phalanx.train.hooks import Hook, Schedule, check_hooks
@@ -79,6 +80,7 @@ def train(trainer: Trainer, hooks: Sequence[Hook] = ()) -> TrainResult:
             return _finish(trainer)
     finally:
         trainer.wall_offset = trainer.stopwatch()  # a later train() goes on from here
+        trainer.compile_offset = trainer.compile_stopwatch()
         trainer.collection.close()
 
 
@@ -89,7 +91,11 @@ def _start(trainer: Trainer) -> None:
     if trainer.is_main:
         save_yaml(config, trainer.run_dir / "config.yaml")
         trainer.logger = RunLogger(trainer.run_dir, config.total_steps, trainer.steps, trainer.show_progress)
+        if trainer.compile_note is not None:  # once, at the trainer's first train()
+            trainer.logger.message(trainer.compile_note)
+            trainer.compile_note = None
     trainer.stopwatch = Stopwatch(trainer.wall_offset)
+    trainer.compile_stopwatch = Stopwatch(trainer.compile_offset, clock=compile_seconds)
     trainer.logging.restart(trainer)
     trainer.collection = choose_collection(trainer)
     trainer.metrics, trainer.hook_metrics, trainer.stop_reason = {}, {}, None

@@ -26,6 +26,8 @@ def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None)
         "updates": trainer.learner.updates,
         "wall_time_s": wall,
         "steps_per_second": trainer.steps / max(wall, 1e-9),
+        "compiled": trainer.compiled,
+        "compile_time_s": trainer.compile_stopwatch(),
         "stop_return": trainer.config.stop_return,
         "time_to_stop_return_s": trainer.time_to_stop_return,
         "eval_return_mean": evaluation.mean if evaluation else None,

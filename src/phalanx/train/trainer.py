@@ -17,8 +17,9 @@ import torch
 
 from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
+from phalanx.compiling import compile_seconds, should_compile
 from phalanx.config import TrainConfig
-from phalanx.envs.core import as_device
+from phalanx.envs.core import BatchedVecEnv, as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.registry import get_algorithm
@@ -57,6 +58,8 @@ class Trainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
+        self.compiles = should_compile(config.compile, self.device)  # a ConfigError with the fix if it can't
+        self.compiled: list[str] = []  # what compile() switched to its compiled path
 
         # Everything that can fail on bad input happens before the run directory is created; the envs
         # (and their worker processes) are closed if any of it fails.
@@ -83,6 +86,13 @@ class Trainer:
         except BaseException:
             self.close()
             raise
+        self.compile_note: str | None = None  # what the run's log says of it, at its first train()
+        if self.compiles:
+            self.compile_note = (
+                f"compiled: {', '.join(self.compiled)} (torch compiles each at its first call)"
+                if self.compiled
+                else "compiled: nothing (this run has no compiled path): it runs eagerly"
+            )
 
     def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
         group = self.group
@@ -125,6 +135,8 @@ class Trainer:
         self.buffer = self.make_buffer()
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
+        if self.compiles:
+            self.compiled = self.compile()
         if self.eval_env is not None:
             self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
         self.open_run(run_dir, show_progress)
@@ -146,6 +158,8 @@ class Trainer:
         self.steps = 0
         self.wall_offset = 0.0
         self.stopwatch = Stopwatch()  # restarted by each train(), from wall_offset
+        self.compile_offset = 0.0
+        self.compile_stopwatch = Stopwatch(clock=compile_seconds)  # the part of the wall time spent compiling
         self.time_to_stop_return: float | None = None
         self.last_evaluation: Evaluation | None = None
         self.last_evaluation_step = -1
@@ -160,6 +174,15 @@ class Trainer:
         self.logging = Logging(self)
         self.checkpointing = Checkpoints(self)
         self.hooks: list[Hook] = []  # those of the current train(): the user's, then the built-in ones
+
+    def compile(self) -> list[str]:
+        """Switch the training env's step, acting and the update to their compiled paths (torch compiles
+        each at its first call); the names of what was compiled, once each. The envs of the evaluations
+        stay eager: they step a few episodes now and then, which would not earn a compilation back."""
+        raw_env = self.env.unwrapped  # a wrapper's step calls the raw env's, compiled or not
+        compiled = raw_env.compile() if isinstance(raw_env, BatchedVecEnv) else []
+        compiled += self.worker.compile() + self.algorithm.compile()
+        return list(dict.fromkeys(compiled))
 
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
         """The rollout or replay buffer the hyperparameters ask for."""
@@ -200,6 +223,7 @@ class Trainer:
                 "steps": self.steps,
                 "updates": self.learner.updates,
                 "wall_time_s": self.stopwatch(),
+                "compile_time_s": self.compile_stopwatch(),
                 "best_eval_return": self.evaluator.best_return,
                 "best_eval_steps": self.evaluator.best_steps,
                 "time_to_stop_return_s": self.time_to_stop_return,
@@ -221,6 +245,7 @@ class Trainer:
         self.steps = progress["steps"]
         self.learner.updates = progress["updates"]
         self.wall_offset = progress["wall_time_s"]
+        self.compile_offset = progress.get("compile_time_s", 0.0)  # absent before it was saved
         if self.evaluator is not None:
             self.evaluator.best_return = progress["best_eval_return"]
             self.evaluator.best_steps = progress.get("best_eval_steps")  # absent before it was saved
@@ -285,9 +310,12 @@ class Trainer:
     def new_algorithm(self) -> Algorithm:
         """A new algorithm for this run's spaces, built from the current hyperparameters (a hand-over)."""
         old = self.algorithm
-        return get_algorithm(self.config.algo)(
+        algorithm = get_algorithm(self.config.algo)(
             self.config.hyperparameters, old.observation_space, old.action_space, self.device
         )
+        if self.compiles:
+            algorithm.compile()
+        return algorithm
 
     def restart_schedules(self) -> None:
         """A run that takes another's step count (a hand-over): its schedules go on from there."""

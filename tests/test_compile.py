@@ -1,0 +1,164 @@
+"""Compiled execution, run level: the flags and config values, the auto rule, the timing of compiles, and
+a compiled PPO run against the eager reference (close parameters, exact resume within compiled mode)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from test_training import parameters, small_config
+
+import phalanx
+from phalanx import compiling
+from phalanx.cli import parse_population_args, parse_train_args
+from phalanx.compiling import compile_problem, compiled, should_compile
+from phalanx.errors import ConfigError
+from phalanx.train.trainer import Trainer
+
+CPU = torch.device("cpu")
+needs_compiler = pytest.mark.skipif(
+    compile_problem(CPU) is not None, reason=f"torch.compile cannot run here: {compile_problem(CPU)}"
+)
+
+
+@pytest.mark.parametrize("flags, value", [([], None), (["--compile"], True), (["--no-compile"], False)])
+def test_compile_flags(flags, value):
+    assert parse_train_args(["ppo", "CartPole-v1", *flags]).compile is value
+    population = parse_population_args(["ppo", "CartPole-v1", "--size", "2", *flags])
+    assert population.base.compile is value
+
+
+def test_compile_flag_takes_no_value():
+    with pytest.raises(SystemExit):
+        parse_train_args(["ppo", "CartPole-v1", "--compile", "True"])
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("null", None)])
+def test_compile_in_a_config_file(tmp_path, text, value):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"compile: {text}\n")
+    assert parse_train_args(["ppo", "CartPole-v1", "--config", str(path)]).compile is value
+    assert parse_train_args(["ppo", "CartPole-v1", "--config", str(path), "--no-compile"]).compile is False
+
+
+def test_a_bad_compile_value_names_the_field(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("compile: maybe\n")
+    with pytest.raises(ConfigError, match=r"compile = 'maybe' \(str\) is not true, false or null"):
+        parse_train_args(["ppo", "CartPole-v1", "--config", str(path)])
+    config = phalanx.make_config("ppo", "CartPole-v1")
+    config.compile = "yes"
+    with pytest.raises(ConfigError, match=r"compile = 'yes' is invalid: expected true, false or null"):
+        config.validate()
+
+
+def test_without_a_cpp_compiler_compile_true_says_how_to_fix_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    assert compile_problem(CPU) is not None
+    with pytest.raises(ConfigError, match=r"no C\+\+ compiler.*apt-get install g\+\+.*--no-compile"):
+        should_compile(True, CPU)
+    assert should_compile(None, CPU) is False and should_compile(False, CPU) is False
+    with pytest.raises(ConfigError, match="no C\\+\\+ compiler"):
+        Trainer(small_config(tmp_path, compile=True), show_progress=False)
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_auto_compiles_on_cuda_only():
+    assert should_compile(None, CPU) is False
+    if compile_problem(CPU) is None:
+        assert should_compile(True, CPU) is True
+
+
+def test_the_first_call_of_a_compiled_function_is_timed(monkeypatch):
+    """The timing around torch.compile's result: the first call (where torch compiles) counts, later
+    calls do not (torch.compile replaced by a function whose first call takes 0.2 s, so no compile)."""
+    calls = []
+
+    def slow_first_call(function, **options):
+        def run(*args):
+            if not calls:
+                time.sleep(0.2)
+            calls.append(args)
+            return function(*args)
+
+        return run
+
+    monkeypatch.setattr(compiling.torch, "compile", slow_first_call)
+    before = compiling.compile_seconds()
+
+    def double(x):
+        """Twice x."""
+        return 2 * x
+
+    function = compiled(double)
+    assert function.__name__ == "double" and function.__doc__ == "Twice x."
+    assert function(3) == 6 and compiling.compile_seconds() - before >= 0.2
+    first = compiling.compile_seconds()
+    assert function(4) == 8 and compiling.compile_seconds() == first
+    assert len(calls) == 2
+
+
+# -- a compiled PPO run against the eager reference ---------------------------------------------------
+# 8 envs x 16 steps: 128 env steps per update, 2 epochs of 2 minibatches. A large learning rate, so that
+# one Adam step moves a weight by ~1e-2 and a compiled update that computes anything else than the eager
+# one shows far above the tolerance, while float rounding stays orders of magnitude below it.
+UPDATE = 128
+SETTINGS = dict(eval_every=0, log_every=UPDATE, learning_rate=1e-2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An eager and a compiled run of two updates, the compiled one resumed to four, and a compiled run of
+    four straight: the compiled functions are shared by the runs of this process."""
+    tmp_path = tmp_path_factory.mktemp("compiled")
+    eager = phalanx.train(
+        small_config(tmp_path, "eager", total_steps=2 * UPDATE, compile=False, **SETTINGS),
+        show_progress=False,
+    )
+    half = phalanx.train(
+        small_config(tmp_path, "half", total_steps=2 * UPDATE, compile=True, **SETTINGS), show_progress=False
+    )
+    half_parameters = parameters(half.run_dir)
+    resumed = phalanx.resume(half.run_dir, total_steps=4 * UPDATE, show_progress=False)
+    straight = phalanx.train(
+        small_config(tmp_path, "straight", total_steps=4 * UPDATE, compile=True, **SETTINGS),
+        show_progress=False,
+    )
+    return {
+        "eager": eager,
+        "half": half,
+        "half_parameters": half_parameters,
+        "resumed": resumed,
+        "straight": straight,
+    }
+
+
+@needs_compiler
+def test_a_compiled_run_says_what_it_compiled_and_how_long_it_took(runs):
+    eager, compiled_run = runs["eager"].summary, runs["half"].summary
+    assert eager["compiled"] == [] and eager["compile_time_s"] == 0.0
+    assert all(isinstance(name, str) for name in compiled_run["compiled"])
+    assert (compiled_run["compile_time_s"] > 0) == bool(compiled_run["compiled"])
+    assert compiled_run["compile_time_s"] <= compiled_run["wall_time_s"]
+    on_disk = json.loads((runs["half"].run_dir / "summary.json").read_text())
+    assert on_disk["compiled"] == compiled_run["compiled"]
+
+
+@needs_compiler
+def test_compiled_updates_match_the_eager_ones(runs):
+    eager, compiled_run = parameters(runs["eager"].run_dir), runs["half_parameters"]
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled_run[name], value, rtol=0, atol=1e-4, msg=name)
+
+
+@needs_compiler
+def test_a_compiled_run_resumes_exactly(runs):
+    resumed, straight = runs["resumed"], runs["straight"]
+    assert resumed.summary["total_steps"] == straight.summary["total_steps"] == 4 * UPDATE
+    assert resumed.summary["compiled"] == straight.summary["compiled"]
+    assert resumed.summary["compile_time_s"] >= runs["half"].summary["compile_time_s"]  # summed over both
+    a, b = parameters(straight.run_dir), parameters(resumed.run_dir)
+    assert all(torch.equal(a[name], b[name]) for name in a), "resumed parameters differ from the straight run"
