@@ -149,10 +149,6 @@ class Algorithm:
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         raise NotImplementedError
 
-    def compile(self) -> list[str]:
-        """Switch to the compiled update where the algorithm has one; the names of what was compiled."""
-        return []
-
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> SideBySide | Any:
         """One actor for k agents of this class (an evaluation of k copies of the weights at once): its

@@ -364,10 +364,6 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
             )
         return actions
 
-    def compile(self) -> list[str]:
-        """Switch to the compiled step where the env has one; the names of what was compiled."""
-        return []
-
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = self._bookkeeping_state()

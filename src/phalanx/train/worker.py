@@ -76,10 +76,6 @@ class Worker:
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
 
-    def compile(self) -> list[str]:
-        """Switch to compiled acting where there is one; the names of what was compiled."""
-        return []
-
     @property
     def halves(self) -> list[VecEnv] | None:
         """The two halves stepped in turn for double buffering, or None for the plain loop."""
