@@ -11,6 +11,8 @@ the batch, one hyperparameter value per member; see its docstring). :meth:`PPO.u
    ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``,
    with optional value clipping, gradient-norm clipping and a KL early stop.
 
+:meth:`PPO.compile` runs each minibatch's gradient step (loss, gradient, clipping, the optimiser's
+step) as one compiled graph (:class:`~phalanx.optim.GradientStep`); the eager step stays the reference.
 A2C is the same machinery with one full-batch pass, the plain policy-gradient loss (``clip_range``
 None) and RMSprop. The vectorized population (:mod:`phalanx.population.vectorized`) drives the same
 rule for P members.
