@@ -11,6 +11,7 @@ networks and optimisers and exposes:
 - ``update(batch, progress) -> metrics``: one learning step on collected data; ``progress`` in [0, 1]
   is the fraction of the training budget spent (for schedules); metrics are scalar tensors, read on
   the host only when they are logged;
+- ``compile()``: switch to compiled hot paths, returning their names ([]: none);
 - ``state_dict()`` / ``load_state_dict()``: built here from the networks and optimisers the algorithm
   holds (:meth:`Algorithm.state_entries`) and its :attr:`Algorithm.extra_state`; tensors and primitives
   only.
@@ -155,6 +156,12 @@ class Algorithm:
         ``act`` of ``(k * E, ...)`` observations gives agent i's deterministic actions for its block of E
         rows. A subclass may batch the k networks into one."""
         return SideBySide(agents)
+
+    def compile(self) -> list[str]:
+        """Switch this algorithm's hot paths to compiled ones (:mod:`phalanx.compiling`) and name them;
+        [] where it has none (the base: nothing). Idempotent. Eager is the default and the reference:
+        compiled and eager differ by float rounding only."""
+        return []
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
         """Step ``optimizer`` on the gradients its parameters hold: first averaged over the learners of a

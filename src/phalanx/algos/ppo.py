@@ -11,6 +11,8 @@ the batch, one hyperparameter value per member; see its docstring). :meth:`PPO.u
    ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``,
    with optional value clipping, gradient-norm clipping and a KL early stop.
 
+:meth:`PPO.compile` runs each minibatch's gradient step (loss, gradient, clipping, the optimiser's
+step) as one compiled graph (:class:`~phalanx.optim.GradientStep`); the eager step stays the reference.
 A2C is the same machinery with one full-batch pass, the plain policy-gradient loss (``clip_range``
 None) and RMSprop. The vectorized population (:mod:`phalanx.population.vectorized`) drives the same
 rule for P members.
@@ -18,6 +20,7 @@ rule for P members.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,10 +28,10 @@ import gymnasium as gym
 import torch
 
 from phalanx.algos.base import Algorithm
-from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
-from phalanx.optim import FlatRMSprop, make_adam
+from phalanx.optim import FlatRMSprop, GradientStep, make_adam
 
 Tensor = torch.Tensor
 Hyperparameter = float | Tensor
@@ -238,11 +241,17 @@ def ratio_metrics(ratio: Tensor, log_ratio: Tensor, clip_range: Hyperparameter |
 
 
 def rollout_advantages(
-    rollout: RolloutBuffer, next_values: Tensor, gamma: Hyperparameter, gae_lambda: Hyperparameter
+    rollout: RolloutBuffer,
+    next_values: Tensor,
+    gamma: Hyperparameter,
+    gae_lambda: Hyperparameter,
+    gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
 ) -> tuple[Tensor, Tensor]:
     """GAE advantages and returns ``(T, N)`` of a rollout, from the value of every step's true next
-    observation ``(T, N)``; ``gamma`` and ``gae_lambda`` are floats, or ``(N,)`` tensors (one per row)."""
-    return compute_gae(
+    observation ``(T, N)``; ``gamma`` and ``gae_lambda`` are floats, or ``(N,)`` tensors (one per row).
+    ``gae``: :func:`~phalanx.buffers.compute_gae` (the loop, the reference) or, for a compiled update,
+    :func:`~phalanx.buffers.compute_gae_scan`."""
+    return gae(
         rollout.rewards,
         rollout.values,
         next_values,
@@ -294,6 +303,9 @@ class PPO(Algorithm):
         self.value.to(self.device)
         self.parameters = [*self.policy.parameters(), *self.value.parameters()]
         self.optimizer = self.make_optimizer()
+        self.gradient_step: GradientStep | None = None
+        """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
+        self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
@@ -318,6 +330,26 @@ class PPO(Algorithm):
         return MemberActor.of([agent.policy for agent in agents])  # type: ignore[attr-defined]
 
     # -- learning --------------------------------------------------------------------------------
+    def compile(self) -> list[str]:
+        """Run :meth:`update` compiled from now on: each minibatch's gradient step (gathering the
+        minibatch, :func:`actor_critic_loss`, its gradient, clipping and the optimiser's step) as one
+        graph (:class:`~phalanx.optim.GradientStep`), GAE as :func:`~phalanx.buffers.compute_gae_scan`.
+
+        Shapes are static: a last minibatch of another size (``minibatch_size`` not dividing the
+        rollout) compiles a second graph once, on the first update, and both are reused. Learners of a
+        data-parallel group step eagerly (their gradients are averaged between backward and clipping).
+        """
+        if self.gradient_step is None:
+            self.gradient_step = GradientStep(
+                self.optimizer,  # type: ignore[arg-type]  # make_optimizer builds a flat one
+                [self.policy, self.value],
+                self.minibatch_loss,
+                self.config.max_grad_norm,
+            )
+            self.gradient_step.compile()
+            self.gae = compute_gae_scan
+        return ["update"]
+
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
         config = self.config
         horizon, num_envs = rollout.rewards.shape
@@ -328,11 +360,13 @@ class PPO(Algorithm):
         # 1-2. Advantages from the value of each step's true next observation (or global state).
         with torch.no_grad():
             next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
-        advantages, returns = rollout_advantages(rollout, next_values, config.gamma, config.gae_lambda)
+        advantages, returns = rollout_advantages(
+            rollout, next_values, config.gamma, config.gae_lambda, self.gae
+        )
 
         obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
-        # (T*N, critic_dim): the value function's input, obs itself or (centralised critic) the global state
-        critic_obs = obs if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
+        # (T*N, critic_dim): the value function's input, if it is not obs itself (a centralised critic)
+        critic_obs = None if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
         actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
         old_log_probs = rollout.log_probs.flatten()  # (T*N,)
         old_values = rollout.values.flatten()
@@ -343,30 +377,24 @@ class PPO(Algorithm):
         targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
 
         # 3. Minibatch epochs. The metrics are computed once, after them, from what each step kept.
-        hyperparameters = self.loss_hyperparameters()
+        compiled_step = self.gradient_step if self.group is None else None
         step_metrics: list[dict[str, torch.Tensor]] = []  # policy_loss, value_loss, entropy of each step
         ratios: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ratio, log_ratio) of each step
         for _epoch in range(self.num_epochs()):
             for index in torch.randperm(batch_size, device=self.device).split(
                 self.minibatch_size(batch_size)
             ):
-                minibatch_obs = obs[index]
-                mb_old_log_probs, mb_advantages, mb_old_values, mb_returns = targets.index_select(1, index)
-                batch = ActorCriticBatch(
-                    minibatch_obs,
-                    actions[index],
-                    mb_old_log_probs,
-                    mb_advantages,
-                    mb_old_values,
-                    mb_returns,
-                    minibatch_obs if critic_obs is obs else critic_obs[index],
-                )
-                result = actor_critic_loss(self.policy, self.value, batch, hyperparameters)
-                self.optimizer.zero_grad(set_to_none=True)
-                result.loss.backward()
-                self.optimizer_step(self.optimizer, config.max_grad_norm)
-                step_metrics.append(result.metrics)
-                ratios.append((result.ratio, result.log_ratio))
+                if compiled_step is None:
+                    loss, (metrics, ratio, log_ratio) = self.minibatch_loss(
+                        obs, actions, targets, critic_obs, index
+                    )
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer_step(self.optimizer, config.max_grad_norm)
+                else:
+                    _, (metrics, ratio, log_ratio) = compiled_step(obs, actions, targets, critic_obs, index)
+                step_metrics.append(metrics)
+                ratios.append((ratio, log_ratio))
             if self.stop_early(*ratios[-1]):
                 break
 
@@ -375,12 +403,32 @@ class PPO(Algorithm):
                 name: torch.stack([step[name] for step in step_metrics]).mean() for name in step_metrics[0]
             }
             ratio, log_ratio = (torch.cat(values) for values in zip(*ratios, strict=True))  # every sample's
-            metrics.update(ratio_metrics(ratio, log_ratio, hyperparameters.clip_range))
+            metrics.update(ratio_metrics(ratio, log_ratio, self.loss_hyperparameters().clip_range))
             explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
         metrics["explained_variance"] = explained
         metrics["learning_rate"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
         metrics["gradient_steps"] = torch.tensor(float(len(step_metrics)))
         return metrics
+
+    def minibatch_loss(
+        self, obs: Tensor, actions: Tensor, targets: Tensor, critic_obs: Tensor | None, index: Tensor
+    ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
+        """The loss of the minibatch ``index`` of the flattened rollout (``targets``: the ``(4, T*N)``
+        old log-probabilities, advantages, old values and returns; ``critic_obs`` None: the value
+        function reads ``obs``), with the step's metrics, ratios and log-ratios."""
+        minibatch_obs = obs[index]
+        old_log_probs, advantages, old_values, returns = targets.index_select(1, index)
+        batch = ActorCriticBatch(
+            minibatch_obs,
+            actions[index],
+            old_log_probs,
+            advantages,
+            old_values,
+            returns,
+            minibatch_obs if critic_obs is None else critic_obs[index],
+        )
+        result = actor_critic_loss(self.policy, self.value, batch, self.loss_hyperparameters())
+        return result.loss, (result.metrics, result.ratio, result.log_ratio)
 
     # The pieces where A2C differs.
     def num_epochs(self) -> int:

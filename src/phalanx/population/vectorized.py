@@ -12,6 +12,7 @@ tests check it. ``benchmarks/population_vectorized.py`` measures P members again
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from phalanx.algos.ppo import (
     ratio_metrics,
     rollout_advantages,
 )
-from phalanx.buffers import RolloutBuffer
+from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -36,6 +37,7 @@ from phalanx.nets import (
     MemberValueNet,
 )
 from phalanx.optim import (
+    GradientStep,
     VectorizedAdam,
     clip_member_grad_norm,
     flatten_parameters,
@@ -114,6 +116,8 @@ class VectorizedPPO(VectorizedPopulation):
         self._layout = SingleLayout(member_parameters, algorithms[0].parameters, transposed)
         self.parameters, self.gradients = flatten_parameters(member_parameters)  # (P, D) each
         self.optimizer = VectorizedAdam(self.parameters, self.gradients, eps=1e-5)
+        self.gradient_step: GradientStep | None = None  # compiled (compile()); None: the eager step
+        self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
         self.buffer = RolloutBuffer(
             hp.horizon,
             self.num_members * self.num_envs,
@@ -149,6 +153,24 @@ class VectorizedPPO(VectorizedPopulation):
             self.parameters.copy_(state["parameters"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_factor = state["progress"]["lr_factor"]
+
+    def compile(self) -> list[str]:
+        """Run the members' update compiled from now on, as :meth:`PPO.compile` does: each minibatch's
+        gradient step of every member (loss, gradients, per-member clipping, the VectorizedAdam step with
+        a learning rate per member) as one graph (:class:`~phalanx.optim.GradientStep`), GAE as
+        :func:`~phalanx.buffers.compute_gae_scan`. The hyperparameters are tensor inputs (mutating them
+        compiles nothing), except whether any member clips values, which selects the loss's branch: a
+        change of that compiles a second graph once."""
+        if self.gradient_step is None:
+            self.gradient_step = GradientStep(
+                self.optimizer,
+                [self.policy, self.value],
+                self._minibatch_loss,
+                self.hyperparameter_tensors["max_grad_norm"],
+            )
+            self.gradient_step.compile()
+            self.gae = compute_gae_scan
+        return ["update"]
 
     # -- a round: collect a rollout, then one PPO update --------------------------------------------------
     def _train_round(self, progress: float) -> dict[str, Tensor]:
@@ -207,24 +229,21 @@ class VectorizedPPO(VectorizedPopulation):
         for permutation in self._permutations(batch_size):  # (P, T*N) each epoch
             shuffled = samples.gather(1, permutation.unsqueeze(-1).expand(-1, -1, samples.shape[-1]))
             for start in range(0, batch_size, minibatch_size):
-                result = actor_critic_loss(
-                    self.policy,
-                    self.value,
-                    self._minibatch(shuffled[:, start : start + minibatch_size]),
-                    hyperparameters,
-                )
-                self.gradients.zero_()
-                member_backward(result.loss)
-                with torch.no_grad():
-                    if self._clips_gradients:  # clip_grad_norm_ per member, over all its parameters
-                        clip_member_grad_norm(self.gradients, max_grad_norm)
-                    self.optimizer.step(learning_rate)
-                    step_metrics = {
-                        **result.metrics,
-                        **ratio_metrics(result.ratio, result.log_ratio, hyperparameters.clip_range),
-                    }
-                    step_values = torch.stack(list(step_metrics.values()), dim=1)  # (P, K)
-                    metric_sums = step_values if metric_sums is None else metric_sums + step_values
+                minibatch = shuffled[:, start : start + minibatch_size]
+                if self.gradient_step is None:
+                    loss, step_metrics = self._minibatch_loss(minibatch, hyperparameters)
+                    self.gradients.zero_()
+                    member_backward(loss)
+                    with torch.no_grad():
+                        if self._clips_gradients:  # clip_grad_norm_ per member, over all its parameters
+                            clip_member_grad_norm(self.gradients, max_grad_norm)
+                        self.optimizer.step(learning_rate)
+                else:
+                    _, step_metrics = self.gradient_step(
+                        minibatch, hyperparameters, learning_rate=learning_rate
+                    )
+                step_values = torch.stack(list(step_metrics.values()), dim=1)  # (P, K)
+                metric_sums = step_values if metric_sums is None else metric_sums + step_values
                 metric_names = list(step_metrics)
                 num_steps += 1
 
@@ -236,6 +255,15 @@ class VectorizedPPO(VectorizedPopulation):
         metrics["learning_rate"] = learning_rate.float()
         metrics["gradient_steps"] = torch.full((self.num_members,), float(num_steps), device=self.device)
         return metrics
+
+    def _minibatch_loss(
+        self, minibatch: Tensor, hyperparameters: ActorCriticHyperparameters
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every member's loss ``(P,)`` on its ``(P, M, F)`` minibatch of the shuffled samples, with the
+        step's ``(P,)`` metrics (the loss's and :func:`ratio_metrics`)."""
+        result = actor_critic_loss(self.policy, self.value, self._minibatch(minibatch), hyperparameters)
+        ratios = ratio_metrics(result.ratio, result.log_ratio, hyperparameters.clip_range)
+        return result.loss, {**result.metrics, **ratios}
 
     def _loss_hyperparameters(self) -> ActorCriticHyperparameters:
         """The members' values of the loss's hyperparameters, float64 tensors: ``(P, 1)`` for the clip
@@ -269,6 +297,7 @@ class VectorizedPPO(VectorizedPopulation):
             next_values,
             hp["gamma"].float().repeat_interleave(rows),
             hp["gae_lambda"].float().repeat_interleave(rows),
+            self.gae,
         )  # (T, P * N) each
         obs = self._by_member(rollout.obs)  # (P, T*N, obs_dim)
         actions = self._by_member(rollout.actions).to(obs.dtype)  # (P, T*N) or (P, T*N, A)

@@ -227,6 +227,11 @@ class VectorizedPopulation:
         optimiser state (moments in the single run's layout, learning rates, step counts)."""
         raise NotImplementedError
 
+    def compile(self) -> list[str]:
+        """Switch the learner to compiled paths (:mod:`phalanx.compiling`) and name them; [] where the
+        population has none (the base). Idempotent; eager is the default and the reference."""
+        return []
+
     def _refresh_flags(self) -> None:
         """Host-side facts about the hyperparameter tensors the learner branches on (after they change)."""
 
