@@ -72,6 +72,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
     slow path), specialised to the shapes it is called with (``dynamic``: whether sizes may vary
     without a recompilation). It keeps ``function``'s name and docstring, and its first call, where
     torch compiles it, is timed into :func:`compile_seconds`."""
+    _make_room_for_graphs()
     graph = torch.compile(function, fullgraph=True, dynamic=dynamic)
     first = True
 
@@ -97,6 +98,21 @@ def compiled_method(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _compile_seconds = 0.0
+
+GRAPHS_PER_FUNCTION = 64
+"""How many graphs torch may keep for one compiled code object before it stops compiling it.
+
+One function of phalanx serves many objects: ``BatchedVecEnv.step_with_noise`` every env class and
+wrapper chain, ``GradientStep.step`` every loss (PPO's, a critic's, an actor's), each a graph of its
+own. torch's default limit (8, ``torch._dynamo.config.recompile_limit``) is reached by a process that
+trains several kinds of runs (a test session, a notebook, a population of runs in one process), and past
+it torch runs the function eagerly without a word. :func:`compiled` raises the limit to this when it is
+lower."""
+
+
+def _make_room_for_graphs() -> None:
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_FUNCTION)
 
 
 def compile_seconds() -> float:
