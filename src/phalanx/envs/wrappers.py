@@ -540,11 +540,13 @@ class NanGuard(VecEnvWrapper):
         """``(any_bad, first bad row, first bad value of that row)`` as device scalars."""
         rows = x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
         bad = ~torch.isfinite(rows)  # (N, K)
-        bad_rows = bad.any(dim=1)  # (N,)
-        index = bad_rows.to(torch.int8).argmax(dim=0, keepdim=True)  # (1,)
-        column = bad.index_select(0, index).to(torch.int8).argmax(dim=1, keepdim=True)  # (1, 1)
-        value = rows.index_select(0, index).gather(1, column)  # (1, 1); index_select: no host sync
-        return bad_rows.any(), index[0], value[0, 0]
+        # the first bad element in row-major order, as a mask: element-wise ops and sums only (no
+        # indexing by a computed index, which would need a host sync or a data-dependent shape)
+        first = bad & (bad.cumsum(dim=1) == 1) & (bad.any(dim=1).cumsum(dim=0) == 1).unsqueeze(1)
+        row_numbers = torch.arange(rows.shape[0], device=rows.device).unsqueeze(1)
+        index = (first * row_numbers).sum()
+        value = torch.where(first, rows, torch.zeros_like(rows)).sum()
+        return bad.any(), index, value
 
     def _scan(self, x: Any, code: int) -> None:
         """Check ``x`` (array ``code``): at once on CPU, recorded on the device elsewhere."""
