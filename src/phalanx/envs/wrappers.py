@@ -85,8 +85,8 @@ class VecEnvWrapper(VecEnv):
                 self._unchecked_steps = 0
                 self.check()
             return result
-        self.step_async(actions)
-        return self.step_wait()
+        # step_async + step_wait, without their plumbing (a tenth of a 4-env step)
+        return self._transition(*self.env.step(self._action(actions)))
 
     # -- compiled stepping ---------------------------------------------------------------------------
     def step_noise(self) -> tuple[Tensor, ...]:
@@ -558,7 +558,10 @@ class NanGuard(VecEnvWrapper):
         # numpy's check of a small CPU array costs a third of torch's (two ops and a sync), on every
         # step of every array
         on_numpy = x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS
-        finite = np.isfinite(x.detach().numpy()).all() if on_numpy else torch.isfinite(x).all()
+        if on_numpy:  # (detach only where needed: an op per array and step)
+            finite = np.isfinite((x.detach() if x.requires_grad else x).numpy()).all()
+        else:
+            finite = torch.isfinite(x).all()
         if bool(finite):
             return
         _, index, value = self._locate(x)
