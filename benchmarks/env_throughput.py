@@ -16,12 +16,25 @@ timed stepping:
 
 Env steps/s counts sub-env steps: (steps of the vector env) x (number of sub-envs). The ratio is
 phalanx's steps/s over Gymnasium's. The benchmark measures; it does not assert a number.
+
+Eager against compiled (``env.compile()``: the whole step as one ``torch.compile`` graph)::
+
+    python benchmarks/env_throughput.py --compiled-sizes 4,1024,65536,1048576 --repeats 5
+    python benchmarks/env_throughput.py --compiled-sizes 4,1024 --fresh-compile-cache  # a first compile
+    python benchmarks/env_throughput.py --compiled-sizes 1024 --threads 1  # both with 1 torch thread
+
+For each size, an eager and a compiled env step in turn, ``--repeats`` times for ``--seconds`` each;
+the table gives the medians. The compile time is that of the compiled env's first step (tracing,
+inductor's C++ build, or loading it from torch's on-disk cache when an earlier run built the same
+graph; ``--fresh-compile-cache`` points torch at an empty cache: the cost of a first run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +73,75 @@ def bench_phalanx(num_envs: int, device: str, warmup: int, seconds: float, seed:
         "seconds": elapsed,
         "env_steps_per_second": steps * num_envs / elapsed,
     }
+
+
+def bench_compiled(
+    sizes: tuple[int, ...], device: str, warmup: int, seconds: float, repeats: int, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Eager against compiled CartPole steps at each of ``sizes``, alternating, medians of ``repeats``."""
+    import statistics
+    import time
+
+    import torch
+
+    import phalanx
+
+    rows = []
+    for num_envs in sizes:
+        envs = {
+            mode: phalanx.make_env(ENV_ID, num_envs=num_envs, device=device, seed=seed)
+            for mode in ("eager", "compiled")
+        }
+        generator = torch.Generator(device=envs["eager"].device).manual_seed(seed)
+
+        def sync(env: Any = envs["eager"]) -> None:
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+
+        start = time.perf_counter()
+        envs["compiled"].compile()
+        envs["compiled"].step(torch.zeros(num_envs, dtype=torch.int64, device=envs["compiled"].device))
+        sync()
+        compile_seconds = time.perf_counter() - start
+        rates: dict[str, list[float]] = {"eager": [], "compiled": []}
+        for _ in range(repeats):
+            for mode, env in envs.items():
+
+                def step(env: Any = env, shape: tuple[int] = (num_envs,), draws: Any = generator) -> None:
+                    env.step(torch.randint(0, 2, shape, device=env.device, generator=draws))
+
+                steps, elapsed = timed_steps(step, sync, warmup, seconds, chunk=10)
+                rates[mode].append(steps * num_envs / elapsed)
+        eager, compiled = statistics.median(rates["eager"]), statistics.median(rates["compiled"])
+        rows.append(
+            {
+                "num_envs": num_envs,
+                "device": str(envs["eager"].device),
+                "eager_env_steps_per_second": eager,
+                "compiled_env_steps_per_second": compiled,
+                "speedup": compiled / eager,
+                "compile_seconds": compile_seconds,
+                "repeats": {mode: values for mode, values in rates.items()},
+            }
+        )
+    return rows
+
+
+def compiled_table(rows: list[dict[str, Any]]) -> str:
+    return markdown_table(
+        ["sub-envs", "device", "eager env steps/s", "compiled env steps/s", "compiled / eager", "compile s"],
+        [
+            [
+                row["num_envs"],
+                row["device"],
+                f"{row['eager_env_steps_per_second']:,.0f}",
+                f"{row['compiled_env_steps_per_second']:,.0f}",
+                f"{row['speedup']:.2f}x",
+                f"{row['compile_seconds']:.1f}",
+            ]
+            for row in rows
+        ],
+    )
 
 
 def bench_gymnasium(num_envs: int, warmup: int, seconds: float, seed: int = 0) -> dict[str, Any]:
@@ -159,9 +241,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="0",
         help="comma-separated torch thread counts to run phalanx with (0: torch's default), e.g. 1,0",
     )
+    parser.add_argument(
+        "--compiled-sizes",
+        default="",
+        help="comma-separated sub-env counts to compare eager and compiled phalanx steps at (instead of "
+        "the comparison with Gymnasium), e.g. 4,1024,65536,1048576",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="eager/compiled alternations per size")
+    parser.add_argument(
+        "--fresh-compile-cache",
+        action="store_true",
+        help="compile into an empty torch cache (the cost of a first run), not the shared on-disk one",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     threads = tuple(int(count) for count in args.threads.split(",") if count)
+    if args.compiled_sizes:
+        if args.fresh_compile_cache:  # read by inductor when it first compiles
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="phalanx-inductor-")
+        sizes = tuple(int(size) for size in args.compiled_sizes.split(",") if size)
+        if threads[0]:  # before compiling: inductor builds its kernels for this many OpenMP threads
+            import torch
+
+            torch.set_num_threads(threads[0])
+        rows = bench_compiled(sizes, args.device, args.warmup, args.seconds, args.repeats)
+        result = {
+            "benchmark": "env_throughput_compiled",
+            "env": ENV_ID,
+            "machine": machine_info(args.device),
+            "settings": {
+                "torch_threads": threads[0] or "default",
+                "seconds": args.seconds,
+                "repeats": args.repeats,
+                "fresh_compile_cache": args.fresh_compile_cache,
+            },
+            "results": rows,
+        }
+        print(compiled_table(rows))
+        if args.json is not None:
+            print(f"\nwrote {write_json(result, args.json, 'env_throughput_compiled')}")
+        return result
     result = run(args.num_envs, args.gym_envs, args.device, args.seconds, args.warmup, threads)
     print(table(result))
     if args.json is not None:
