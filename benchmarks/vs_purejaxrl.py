@@ -134,19 +134,19 @@ def thread_environment(threads: int) -> dict[str, str]:
 
 
 def run_process(command: list[str], log: Path, cwd: Path | None = None) -> tuple[int, str, float]:
-    """Run ``command`` to its end, its output also written to ``log``: (exit code, output, seconds)."""
+    """Run ``command`` to its end, its output written to ``log`` as it comes (tail it to follow a long
+    run): (exit code, output, seconds)."""
+    print(f"  running, output in {log}", flush=True)
     start = time.perf_counter()
-    completed = subprocess.run(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    seconds = time.perf_counter() - start
-    log.write_text(completed.stdout)
-    return completed.returncode, completed.stdout, seconds
+    with open(log, "w") as handle:
+        code = subprocess.run(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ).returncode
+    return code, log.read_text(), time.perf_counter() - start
 
 
 def run_child(command: list[str], log: Path) -> dict[str, Any]:
@@ -440,7 +440,8 @@ def main() -> None:
                 runs[f"phalanx {mode}"] = run_child(command, logs / f"phalanx-{mode}-{name}.log")
         for label, result in runs.items():
             print(f"  {label}: {result}", flush=True)
-        print("\n" + table(runs) + "\n", flush=True)
+        if runs:
+            print("\n" + table(runs) + "\n", flush=True)
         results["configs"][name] = {**spec, "runs": runs}
     if args.json is not None:
         print(f"wrote {write_json(results, args.json, 'vs_purejaxrl')}")
