@@ -364,7 +364,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1/20 of every config's steps, to try it")
     parser.add_argument(
-        "--only", action="append", choices=["phalanx", "purejaxrl", "cleanrl"], help="run only these"
+        "--only",
+        action="append",
+        choices=["phalanx", "purejaxrl", "cleanrl"],
+        help="run only this library (repeatable)",
     )
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument(
