@@ -1,0 +1,454 @@
+"""Equal-work PPO on CartPole-v1: phalanx against PureJaxRL's ``ppo.py`` and CleanRL's ``ppo.py``.
+
+The peers run unmodified (their sources in benchmarks/peers/, fetched with their licences), each in a
+virtualenv of its own that this script creates on first use under benchmarks/.peers/ with pinned
+versions. Every run is a process of its own; all use the same PPO hyperparameters (PureJaxRL's
+CartPole config: 64x64 tanh, lr 2.5e-4 annealed, 4 epochs, 4 minibatches, entropy 0.01, clip 0.2,
+value clip 0.2, grad norm 0.5, gamma 0.99, GAE 0.95, value coefficient 0.5) and the same number of
+env steps (whole updates: num_envs x num_steps x updates).
+
+What is measured, per run:
+- run s: the training without compilation. PureJaxRL: the call of the compiled ``train`` until
+  block_until_ready. CleanRL: its own clock (total steps / its last printed SPS). phalanx: the call of
+  ``phalanx.train`` (setup, training, the final evaluation) less its ``compile_time_s``.
+  Every run's imports (jax, torch, torch._dynamo, matplotlib) happen before its clock starts.
+- compile s: PureJaxRL: ``jax.jit(make_train(config)).lower(rng).compile()``. phalanx compiled:
+  ``compile_time_s`` from its summary ("n/a" where the summary has none: then run s includes it).
+- final return: the mean return of the episodes that ended in the last 10% of the updates (PureJaxRL:
+  its metrics; CleanRL: its printed episodic returns; phalanx: the last row of metrics.csv, logged every
+  10% of the steps).
+
+Usage (from the repository root, with phalanx's virtualenv):
+    PYTHONPATH=src python benchmarks/vs_purejaxrl.py                # every config, every peer
+    PYTHONPATH=src python benchmarks/vs_purejaxrl.py --quick        # 1/20 of the steps, to try it
+    PYTHONPATH=src python benchmarks/vs_purejaxrl.py --only cleanrl --configs 4x128 --json out.json
+    PYTHONPATH=src python benchmarks/vs_purejaxrl.py --threads 1     # every library on one thread
+
+On a loaded machine use --threads 1: torch's and XLA's thread pools spin-wait, and two threads
+on two busy cores can make CleanRL 9x slower than one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from benchlib import add_json_option, machine_info, markdown_table, run_logged, write_json  # noqa: E402
+
+PEER_SOURCES = HERE / "peers"
+PEER_VENVS = HERE / ".peers"
+
+# The peers' virtualenvs: pinned versions that work together on Python 3.11 (PyPI; torch's CPU wheel
+# from PyPI or a local wheel directory). PureJaxRL's wrappers.py imports brax and navix at its top, so
+# they are installed although CartPole needs neither. CleanRL pins gymnasium 0.29.1: its ppo.py reads
+# infos["final_info"], which Gymnasium 1.x no longer gives.
+PEER_PACKAGES = {
+    "purejaxrl": [
+        "jax[cpu]==0.10.2",
+        "jaxlib==0.10.2",
+        "flax==0.12.8",
+        "optax==0.2.8",
+        "distrax==0.1.9",
+        "chex==0.1.92",
+        "gymnax==0.0.9",
+        "brax==0.14.2",
+        "navix==0.7.4",
+    ],
+    "cleanrl": ["torch==2.13.0", "gymnasium==0.29.1", "numpy==1.26.4", "tyro==1.0.17", "tensorboard==2.21.0"],
+}
+
+# (num_envs, num_steps per env per update, total env steps)
+CONFIGS = {
+    "4x128": (4, 128, 500_000),
+    "64x32": (64, 32, 500_000),
+    "1024x32": (1024, 32, 5_000_000),
+    "4096x16": (4096, 16, 5_000_000),
+}
+CLEANRL_MAX_ENVS = 64  # a SyncVectorEnv of 1024 Gymnasium envs for 5M steps takes tens of minutes
+
+LEARNING_RATE = 2.5e-4
+EPOCHS = 4
+MINIBATCHES = 4
+ENTROPY_COEF = 0.01
+CLIP = 0.2
+MAX_GRAD_NORM = 0.5
+GAMMA = 0.99
+GAE_LAMBDA = 0.95
+VALUE_COEF = 0.5
+
+
+def final_window(updates: int) -> int:
+    """How many of the last updates the final return is taken over: 10%, at least one."""
+    return max(1, updates // 10)
+
+
+# -- the peers' virtualenvs ---------------------------------------------------------------------------
+def peer_python(peer: str) -> Path | None:
+    """The Python of ``peer``'s virtualenv, created and installed on first use; None (and what to
+    install, printed) when it cannot be set up."""
+    venv = PEER_VENVS / peer
+    python = venv / "bin" / "python"
+    marker = venv / "installed.txt"
+    packages = PEER_PACKAGES[peer]
+    if python.is_file() and marker.is_file() and marker.read_text().split() == packages:
+        return python
+    print(f"setting up {peer}'s virtualenv in {venv} (once; minutes)...", flush=True)
+    PEER_VENVS.mkdir(parents=True, exist_ok=True)
+    log = PEER_VENVS / f"{peer}-install.log"
+    code, _ = run_logged([sys.executable, "-m", "venv", "--clear", str(venv)], log, timeout=600)
+    if code == 0:
+        code, _ = run_logged([str(python), "-m", "pip", "install", *packages], log, timeout=3600)
+    if code != 0:
+        print(
+            f"{peer} was not run: its virtualenv could not be set up (pip exit {code}; see {log}). To set "
+            f"it up by hand: {sys.executable} -m venv {venv} && {python} -m pip install "
+            + " ".join(f"'{p}'" for p in packages)
+            + f" && echo '{' '.join(packages)}' > {marker}",
+            flush=True,
+        )
+        return None
+    marker.write_text(" ".join(packages) + "\n")
+    return python
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """Environment variables that hold torch (OpenMP) and XLA to ``threads`` threads (0: their default)."""
+    if not threads:
+        return {}
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+        f"intra_op_parallelism_threads={threads}",
+    }
+
+
+def run_process(command: list[str], log: Path, cwd: Path | None = None) -> tuple[int, str, float]:
+    """Run ``command`` to its end, its output written to ``log`` as it comes (tail it to follow a long
+    run): (exit code, output, seconds)."""
+    print(f"  running, output in {log}", flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        code = subprocess.run(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ).returncode
+    return code, log.read_text(), time.perf_counter() - start
+
+
+def run_child(command: list[str], log: Path) -> dict[str, Any]:
+    """Run ``command`` (this script with --child); its result is the JSON on its line starting RESULT."""
+    code, output, process_s = run_process(command, log)
+    results = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if code != 0 or not results:
+        return {"error": f"exit {code}, see {log}", "process_s": process_s}
+    return {**json.loads(results[-1][len("RESULT ") :]), "process_s": process_s}
+
+
+# -- PureJaxRL: runs in its virtualenv, in a process started with --child purejaxrl ---------------------
+def child_purejaxrl(num_envs: int, num_steps: int, total_steps: int, seed: int) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(PEER_SOURCES / "purejaxrl"))  # its ppo.py imports its wrappers.py so
+    from ppo import make_train
+
+    config = {
+        "LR": LEARNING_RATE,
+        "NUM_ENVS": num_envs,
+        "NUM_STEPS": num_steps,
+        "TOTAL_TIMESTEPS": total_steps,
+        "UPDATE_EPOCHS": EPOCHS,
+        "NUM_MINIBATCHES": MINIBATCHES,
+        "GAMMA": GAMMA,
+        "GAE_LAMBDA": GAE_LAMBDA,
+        "CLIP_EPS": CLIP,
+        "ENT_COEF": ENTROPY_COEF,
+        "VF_COEF": VALUE_COEF,
+        "MAX_GRAD_NORM": MAX_GRAD_NORM,
+        "ACTIVATION": "tanh",
+        "ENV_NAME": "CartPole-v1",
+        "ANNEAL_LR": True,
+        "DEBUG": False,
+    }
+    rng = jax.random.PRNGKey(seed)
+    start = time.perf_counter()
+    train = jax.jit(make_train(config)).lower(rng).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(train(rng))
+    run_s = time.perf_counter() - start
+
+    metrics = out["metrics"]  # (updates, num_steps, num_envs) each
+    returns = np.asarray(metrics["returned_episode_returns"])
+    ended = np.asarray(metrics["returned_episode"])
+    last = final_window(returns.shape[0])
+    tail_returns = returns[-last:][ended[-last:]]
+    return {
+        "steps": int(returns.size),
+        "run_s": run_s,
+        "compile_s": compile_s,
+        "final_return": float(tail_returns.mean()) if tail_returns.size else None,
+        "versions": {"jax": jax.__version__, "jax_devices": str(jax.devices())},
+    }
+
+
+# -- phalanx: in a process started with --child phalanx (eager or compiled) ------------------------------
+def child_phalanx(
+    num_envs: int, num_steps: int, total_steps: int, seed: int, compile: bool, threads: int
+) -> dict[str, Any]:
+    import csv
+
+    import matplotlib
+    import torch._dynamo  # noqa: F401  (torch.optim imports it when phalanx builds its optimiser)
+
+    import phalanx
+    from phalanx.config import TrainConfig
+
+    matplotlib.use("Agg")  # as phalanx's learning-curve plot does; imported before the clock starts
+    import matplotlib.pyplot  # noqa: F401
+
+    hyperparameters = {
+        "horizon": num_steps,
+        "epochs": EPOCHS,
+        "minibatch_size": num_envs * num_steps // MINIBATCHES,
+        "learning_rate": LEARNING_RATE,
+        "anneal_lr": True,
+        "entropy_coef": ENTROPY_COEF,
+        "clip_range": CLIP,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "hidden_sizes": [64, 64],
+        "activation": "tanh",
+        "gamma": GAMMA,
+        "gae_lambda": GAE_LAMBDA,
+        "value_coef": VALUE_COEF,
+    }
+    updates = total_steps // (num_envs * num_steps)
+    run_dir = Path(tempfile.mkdtemp(prefix="vs_purejaxrl-phalanx-")) / "run"
+    config = TrainConfig.from_dict(
+        {
+            "algo": "ppo",
+            "env": "CartPole-v1",
+            "num_envs": num_envs,
+            "total_steps": total_steps,
+            "seed": seed,
+            "eval_every": 0,  # one evaluation, at the end
+            "eval_episodes": 10,
+            "log_every": final_window(updates) * num_envs * num_steps,
+            "torch_threads": threads,
+            "compile": compile,
+            "hyperparameters": hyperparameters,
+            "run_dir": str(run_dir),
+        }
+    )
+    start = time.perf_counter()
+    summary = phalanx.train(config, show_progress=False).summary
+    total_s = time.perf_counter() - start
+
+    with open(run_dir / "metrics.csv") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("episode_return_mean")]
+    compile_s = summary.get("compile_time_s")
+    return {
+        "steps": summary["total_steps"],
+        "run_s": total_s - (compile_s or 0.0),
+        "compile_s": compile_s,
+        "final_return": float(rows[-1]["episode_return_mean"]) if rows else None,
+        "eval_return": summary["eval_return_mean"],
+        "wall_time_s": summary["wall_time_s"],
+        "run_dir": str(run_dir),
+    }
+
+
+# -- CleanRL: its ppo.py as it is, in its virtualenv --------------------------------------------------------
+def run_cleanrl(
+    python: Path, num_envs: int, num_steps: int, total_steps: int, seed: int, log: Path
+) -> dict[str, Any]:
+    command = [
+        str(python),
+        str(PEER_SOURCES / "cleanrl" / "ppo.py"),
+        "--env-id=CartPole-v1",
+        f"--seed={seed}",
+        "--no-cuda",
+        f"--num-envs={num_envs}",
+        f"--num-steps={num_steps}",
+        f"--total-timesteps={total_steps}",
+        f"--learning-rate={LEARNING_RATE}",
+        "--anneal-lr",
+        f"--update-epochs={EPOCHS}",
+        f"--num-minibatches={MINIBATCHES}",
+        f"--ent-coef={ENTROPY_COEF}",
+        f"--clip-coef={CLIP}",
+        "--clip-vloss",
+        "--norm-adv",
+        f"--max-grad-norm={MAX_GRAD_NORM}",
+        f"--gamma={GAMMA}",
+        f"--gae-lambda={GAE_LAMBDA}",
+        f"--vf-coef={VALUE_COEF}",
+    ]
+    workdir = Path(tempfile.mkdtemp(prefix="vs_purejaxrl-cleanrl-"))  # its runs/ (tensorboard) go there
+    code, output, process_s = run_process(command, log, cwd=workdir)
+    speeds = re.findall(r"^SPS: (\d+)$", output, re.MULTILINE)
+    episodes = [
+        (int(step), float(value))
+        for step, value in re.findall(
+            r"^global_step=(\d+), episodic_return=\[?([-+\d.eE]+)\]?$", output, re.MULTILINE
+        )
+    ]
+    if code != 0 or not speeds:
+        return {"error": f"exit {code}, see {log}", "process_s": process_s}
+    batch = num_envs * num_steps
+    updates = total_steps // batch
+    steps = updates * batch
+    tail_start = (updates - final_window(updates)) * batch
+    tail = [value for step, value in episodes if step > tail_start]
+    return {
+        "steps": steps,
+        "run_s": steps / int(speeds[-1]),
+        "compile_s": None,
+        "final_return": sum(tail) / len(tail) if tail else None,
+        "process_s": process_s,
+        "command": " ".join(command),
+    }
+
+
+# -- the comparison ----------------------------------------------------------------------------------------
+def speed_ratio(phalanx: dict[str, Any], peer: dict[str, Any]) -> str:
+    """phalanx's speed over ``peer``'s (equal work: the inverse ratio of times), run alone and counting
+    compilation: "0.52x / 0.61x"."""
+    if "error" in phalanx or "error" in peer:
+        return "-"
+    run = peer["run_s"] / phalanx["run_s"]
+    with_compile = (peer["run_s"] + (peer["compile_s"] or 0.0)) / (
+        phalanx["run_s"] + (phalanx["compile_s"] or 0.0)
+    )
+    return f"{run:.2f}x / {with_compile:.2f}x"
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    phalanx_runs = [label for label in runs if label.startswith("phalanx")]
+    header = ["run", "run s", "compile s", "run + compile s", "env steps/s (run)", "final return"]
+    header += [f"{label} speed / this (run / +compile)" for label in phalanx_runs]
+    rows = []
+    for label, result in runs.items():
+        if "error" in result:
+            rows.append([label, f"not run: {result['error']}"] + [""] * (len(header) - 2))
+            continue
+        compile_s = result["compile_s"]
+        row = [
+            label,
+            result["run_s"],
+            "n/a" if compile_s is None else compile_s,
+            result["run_s"] + (compile_s or 0.0),
+            result["steps"] / result["run_s"],
+            "n/a" if result["final_return"] is None else result["final_return"],
+        ]
+        row += ["-" if label == p else speed_ratio(runs[p], result) for p in phalanx_runs]
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1/20 of every config's steps, to try it")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=["phalanx", "purejaxrl", "cleanrl"],
+        help="run only this library (repeatable)",
+    )
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument(
+        "--phalanx-modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"]
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="threads of every library (0: its default)")
+    add_json_option(parser)
+    parser.add_argument("--child", choices=["purejaxrl", "phalanx"], help=argparse.SUPPRESS)
+    parser.add_argument("--child-spec", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child == "purejaxrl":
+        print("RESULT " + json.dumps(child_purejaxrl(**json.loads(args.child_spec))))
+        return
+    if args.child == "phalanx":
+        print("RESULT " + json.dumps(child_phalanx(**json.loads(args.child_spec))))
+        return
+
+    os.environ.update(thread_environment(args.threads))  # every process started from here inherits it
+    libraries = args.only or ["purejaxrl", "cleanrl", "phalanx"]
+    pythons = {peer: peer_python(peer) for peer in ("purejaxrl", "cleanrl") if peer in libraries}
+    logs = Path(tempfile.mkdtemp(prefix="vs_purejaxrl-logs-"))
+    machine = machine_info()
+    print(
+        f"machine: {machine}\nthreads: {args.threads or 'each library its default'}; logs in {logs}\n",
+        flush=True,
+    )
+    results: dict[str, Any] = {
+        "machine": machine,
+        "threads": args.threads,
+        "quick": args.quick,
+        "seed": args.seed,
+        "peer_packages": {peer: PEER_PACKAGES[peer] for peer in pythons},
+        "configs": {},
+    }
+    for name in args.configs:
+        num_envs, num_steps, total_steps = CONFIGS[name]
+        batch = num_envs * num_steps
+        total_steps = max(1, (total_steps // 20 if args.quick else total_steps) // batch) * batch
+        spec = {"num_envs": num_envs, "num_steps": num_steps, "total_steps": total_steps, "seed": args.seed}
+        print(f"== {num_envs} envs x {num_steps} steps, {total_steps:,} env steps", flush=True)
+        runs: dict[str, dict[str, Any]] = {}
+        if "purejaxrl" in pythons:
+            if pythons["purejaxrl"] is None:
+                runs["PureJaxRL"] = {"error": "its virtualenv could not be set up (see above)"}
+            else:
+                command = [
+                    str(pythons["purejaxrl"]),
+                    __file__,
+                    "--child=purejaxrl",
+                    "--child-spec",
+                    json.dumps(spec),
+                ]
+                runs["PureJaxRL"] = run_child(command, logs / f"purejaxrl-{name}.log")
+        if "cleanrl" in pythons and num_envs > CLEANRL_MAX_ENVS:
+            print(f"  CleanRL: not run above {CLEANRL_MAX_ENVS} envs (a SyncVectorEnv of Gymnasium envs)")
+        elif "cleanrl" in pythons:
+            if pythons["cleanrl"] is None:
+                runs["CleanRL"] = {"error": "its virtualenv could not be set up (see above)"}
+            else:
+                runs["CleanRL"] = run_cleanrl(pythons["cleanrl"], **spec, log=logs / f"cleanrl-{name}.log")
+        if "phalanx" in libraries:
+            for mode in args.phalanx_modes:
+                child_spec = {**spec, "compile": mode == "compiled", "threads": args.threads}
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--child=phalanx",
+                    "--child-spec",
+                    json.dumps(child_spec),
+                ]
+                runs[f"phalanx {mode}"] = run_child(command, logs / f"phalanx-{mode}-{name}.log")
+        for label, result in runs.items():
+            print(f"  {label}: {result}", flush=True)
+        if runs:
+            print("\n" + table(runs) + "\n", flush=True)
+        results["configs"][name] = {**spec, "runs": runs}
+    if args.json is not None:
+        print(f"wrote {write_json(results, args.json, 'vs_purejaxrl')}")
+
+
+if __name__ == "__main__":
+    main()
