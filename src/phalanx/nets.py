@@ -232,22 +232,36 @@ class CategoricalPolicy(nn.Module):
         """Logits ``(B, num_actions)`` of observations ``(B, obs_dim)``."""
         return self.logits_net(obs)
 
+    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: uniform noise ``(B, A)``,
+        ``noise[b, a]`` for action a of row b (Gumbel noise once transformed)."""
+        return torch.rand(
+            (*obs.shape[:-1], self.num_actions),
+            generator=generator,
+            device=obs.device,
+            dtype=self.logits_net[-1].weight.dtype,
+        )
+
     def sample(
-        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        obs: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``(action, log_prob)``, both ``(B,)``; deterministic takes the argmax."""
+        """``(action, log_prob)``, both ``(B,)``; deterministic takes the argmax.
+
+        ``noise``: the draw of :meth:`draw_noise`, drawn by the caller (a compiled caller draws outside
+        the graph); None draws it here from ``generator``: the same stream either way.
+        """
         log_probs = _log_softmax_actions_first(self(obs))  # (A, B)
         if deterministic:
             action = log_probs.argmax(dim=0)
         else:  # Gumbel-max trick: argmax(log p + Gumbel noise) ~ Categorical(p)
-            uniform = torch.rand(  # (B, A): noise[b, a] for action a of row b
-                (*log_probs.shape[1:], log_probs.shape[0]),
-                generator=generator,
-                device=log_probs.device,
-                dtype=log_probs.dtype,
-            )
+            uniform = self.draw_noise(obs, generator) if noise is None else noise  # (B, A)
             gumbel = -torch.log(-torch.log(uniform))  # uniform = 0 gives -inf: never chosen
-            action = (log_probs + gumbel.movedim(-1, 0)).argmax(dim=0)
+            # max(...).indices, not argmax: the same index, but argmax over a short leading dim is slower
+            action = (log_probs + gumbel.movedim(-1, 0)).max(dim=0).indices
         log_prob = log_probs.gather(0, action.unsqueeze(0)).squeeze(0)
         return action, log_prob
 
@@ -289,16 +303,35 @@ class GaussianPolicy(nn.Module):
         mean = self.mean_net(obs)
         return mean, self.log_std.expand_as(mean)
 
+    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: standard normal noise
+        ``(B, action_dim)``."""
+        return torch.randn(
+            (*obs.shape[:-1], self.action_dim),
+            generator=generator,
+            device=obs.device,
+            dtype=self.log_std.dtype,
+        )
+
     def sample(
-        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        obs: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``(action (B, action_dim), log_prob (B,))``; deterministic takes the mean."""
+        """``(action (B, action_dim), log_prob (B,))``; deterministic takes the mean.
+
+        ``noise``: the draw of :meth:`draw_noise`, drawn by the caller (a compiled caller draws outside
+        the graph); None draws it here from ``generator``: the same stream either way.
+        """
         mean, log_std = self(obs)
         if deterministic:
             action = mean
             log_prob = (-log_std - LOG_SQRT_2PI).sum(dim=-1)
         else:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            if noise is None:
+                noise = self.draw_noise(obs, generator)
             action = mean + log_std.exp() * noise
             log_prob = (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(dim=-1)
         return action, log_prob

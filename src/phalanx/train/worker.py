@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
+from phalanx.compiling import compiled
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
+
+Tensor = torch.Tensor
 
 
 class Transition(NamedTuple):
@@ -72,6 +76,8 @@ class Worker:
         self.obs: torch.Tensor | None = None
         self._sent: torch.Tensor | None = None  # the actions of a step in flight
         self.episodes = EpisodeLog(env.device)
+        self.compiled_act: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None
+        self.compiled_parts: list[str] | None = None  # what compile() compiled; None before it is called
 
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
@@ -91,7 +97,7 @@ class Worker:
             return self._collect_double_buffered(buffer, *self.halves)
         ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
-            actions, log_probs, values = self.algorithm.explore(self.obs)
+            actions, log_probs, values = self.explore(self.obs)
             next_obs, rewards, terminated, truncated, info = self.env.step(actions)
             dones = terminated | truncated
             buffer.add(
@@ -111,15 +117,15 @@ class Worker:
         """
         size = first.num_envs
         obs = [self.obs[:size], self.obs[size:]]
-        ahead = self.algorithm.explore(obs[0])  # (actions, log_probs, values) of the first half
+        ahead = self.explore(obs[0])  # (actions, log_probs, values) of the first half
         first.step_async(ahead[0])
         ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
-            outputs = [ahead, self.algorithm.explore(obs[1])]
+            outputs = [ahead, self.explore(obs[1])]
             second.step_async(outputs[1][0])
             first_result = first.step_wait()
             if step + 1 < buffer.horizon:
-                ahead = self.algorithm.explore(first_result[0])
+                ahead = self.explore(first_result[0])
                 first.step_async(ahead[0])
             next_obs, rewards, terminated, truncated, info = concat_transitions(
                 [first_result, second.step_wait()]
@@ -142,6 +148,41 @@ class Worker:
         self.obs = torch.cat(obs)
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
+
+    # -- compiled acting ---------------------------------------------------------------------------
+    def compile(self) -> list[str]:
+        """Switch on-policy collection to compiled acting; the names of what was compiled (idempotent).
+
+        Acting (policy forward, sampling, value) becomes one compiled graph (:meth:`act`), its random
+        draw taken eagerly just before each call, from the same generator in the same order as the
+        algorithm's ``explore``: compiled and eager rollouts differ only by float rounding. The horizon
+        loop stays in Python, one call per env step: an unrolled rollout is one huge graph that takes
+        minutes to compile. An off-policy algorithm acts through its exploration policy, which this
+        does not compile: [].
+        """
+        if self.compiled_parts is not None:
+            return self.compiled_parts
+        self.compiled_parts = []
+        if self.algorithm.on_policy:  # type: ignore[union-attr]
+            self.compiled_act = compiled(self.act)
+            self.compiled_parts.append("acting")
+        return self.compiled_parts
+
+    def explore(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """On-policy acting: ``(actions, log_probs, values)`` of observations ``(N, obs_dim)``; the
+        algorithm's ``explore``, or after :meth:`compile` the compiled :meth:`act` with the noise drawn
+        here."""
+        if self.compiled_act is None:
+            return self.algorithm.explore(obs)  # type: ignore[call-arg, return-value]
+        return self.compiled_act(obs, self.algorithm.policy.draw_noise(obs))  # type: ignore[union-attr]
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The on-policy algorithm's ``explore`` with its random draw given: ``(actions, log_probs,
+        values)`` of observations ``(N, obs_dim)``; ``noise`` is the policy's ``draw_noise(obs)``."""
+        algorithm = self.algorithm
+        actions, log_probs = algorithm.policy.sample(obs, noise=noise)  # type: ignore[union-attr]
+        return actions, log_probs, algorithm.value(obs)  # type: ignore[union-attr]
 
     def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
