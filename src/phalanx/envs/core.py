@@ -28,6 +28,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from phalanx.compiling import compiled
 from phalanx.errors import ConfigError, EnvError
 
 Tensor = torch.Tensor
@@ -87,6 +88,8 @@ class VecEnv(gym.vector.VectorEnv):
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    traceable: bool = False
+    """Whether :meth:`step_with_noise` traces as one ``torch.compile`` graph (batched simulators)."""
 
     def __init__(
         self,
@@ -122,6 +125,30 @@ class VecEnv(gym.vector.VectorEnv):
             raise EnvError(f"{type(self).__name__}.step_wait: no step in flight; call step_async first.")
         self._pending_actions = None
         return self.step(actions)
+
+    # -- compiled stepping ----------------------------------------------------------------------
+    def step_noise(self) -> tuple[Tensor, ...]:
+        """The random draws one :meth:`step` uses, drawn now from the env's generators; see
+        :meth:`BatchedVecEnv.step_noise`. None here: an env that is not a batched simulator (worker
+        processes, Gymnasium, EnvPool) draws its own randomness inside ``step``."""
+        return ()
+
+    def step_with_noise(
+        self, actions: Tensor, noise: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """:meth:`step` with the draws of :meth:`step_noise`; here (no draws) simply ``step``, which
+        ``torch.compile`` cannot trace: only batched simulators and their wrappers step traceably."""
+        return self.step(actions)
+
+    def compile(self) -> list[str]:
+        """Switch :meth:`step` to a compiled graph where this env can; the names of what was compiled
+        (``["env step"]``), or [] (here: nothing, the env steps outside torch)."""
+        return []
+
+    def check(self) -> None:
+        """Raise what a step recorded on the device instead of raising at once (a :class:`NanGuard`'s
+        first non-finite value); one host synchronisation. Call it after steps taken through
+        :meth:`step_with_noise` inside a compiled function. Nothing to check here."""
 
     # -- checkpointable state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -220,6 +247,8 @@ class BatchedBookkeeping(Generic[PerRow]):
 
     # -- to implement ----------------------------------------------------------------------------
     def _reset_rows(self, mask: Tensor) -> None:
+        """Initial states where ``mask``, drawn with :meth:`uniform`; the draws (sizes, order) must not
+        depend on ``mask`` or on the state: :meth:`step_noise` makes them before the step."""
         raise NotImplementedError
 
     def _advance(self, actions: PerRow) -> tuple[PerRow, Tensor]:
@@ -239,6 +268,73 @@ class BatchedBookkeeping(Generic[PerRow]):
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device, per_row)
         self._all_rows = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._given_draws: list[Tensor] | None = None
+        """Inside :meth:`step_with_noise`: the draws :meth:`uniform` hands out, in order."""
+        self._probed_sizes: list[tuple[int, ...]] | None = None
+        """While :meth:`_draw_sizes` probes ``_reset_rows``: the sizes :meth:`uniform` was asked for."""
+        self._reset_sizes: tuple[tuple[int, ...], ...] | None = None
+        self._compiled_step: Any = None
+        """``compiled(step_with_noise)`` after :meth:`compile`; None: the eager step."""
+
+    # -- random draws ----------------------------------------------------------------------------
+    def uniform(self, low: float, high: float, size: tuple[int, ...]) -> Tensor:
+        """Uniform samples in ``[low, high)`` from this env's seeded generator: ``low + (high - low) * u``
+        with ``u`` drawn as ``torch.rand(size)`` draws it. Inside :meth:`step_with_noise`, ``u`` is the
+        next of the draws that :meth:`step_noise` made (the same numbers, drawn before the step)."""
+        if self._given_draws is not None:
+            if not self._given_draws:
+                raise EnvError(
+                    f"{type(self).__name__}.uniform: _reset_rows asks for more draws inside a step than "
+                    f"step_noise made ({len(self._draw_sizes())}, of sizes {self._draw_sizes()}). Its draws "
+                    "must not depend on the mask or the state: draw for every row, then torch.where."
+                )
+            sample = self._given_draws.pop(0)
+            if tuple(sample.shape) != tuple(size):
+                raise EnvError(
+                    f"{type(self).__name__}.uniform: _reset_rows asks for size {tuple(size)} inside a step, "
+                    f"but the draw step_noise made for it has shape {tuple(sample.shape)}. Its draws must "
+                    "not depend on the mask or the state: draw for every row, then torch.where."
+                )
+        elif self._probed_sizes is not None:
+            self._probed_sizes.append(tuple(size))
+            sample = torch.zeros(size, device=self.device)
+        else:
+            sample = self._draw(tuple(size))
+        return low + (high - low) * sample
+
+    def _draw(self, size: tuple[int, ...]) -> Tensor:
+        """``torch.rand(size)`` from the env's generator."""
+        return torch.rand(size, generator=self.generator, device=self.device)
+
+    def _draw_sizes(self) -> tuple[tuple[int, ...], ...]:
+        """The sizes of the draws ``_reset_rows`` makes, found once by running it on no rows (which
+        leaves the state as it is) with :meth:`uniform` recording instead of drawing."""
+        if self._reset_sizes is None:
+            self._probed_sizes = []
+            try:
+                self._reset_rows(~self._all_rows)
+                self._reset_sizes = tuple(self._probed_sizes)
+            finally:
+                self._probed_sizes = None
+        return self._reset_sizes
+
+    def step_noise(self) -> tuple[Tensor, ...]:
+        """The random draws one step's autoreset uses, drawn now, in the order and sizes the eager step
+        draws them: ``torch.rand`` samples, one per :meth:`uniform` call of ``_reset_rows``. A step
+        draws them whether or not a row ends, so the random stream does not depend on the episodes."""
+        return tuple(self._draw(size) for size in self._draw_sizes())
+
+    def _reset_with(self, mask: Tensor, noise: tuple[Tensor, ...]) -> None:
+        """``_reset_rows(mask)`` with :meth:`uniform` handing out ``noise`` instead of drawing."""
+        self._given_draws = list(noise)
+        self._reset_rows(mask)
+        left = len(self._given_draws)
+        self._given_draws = None
+        if left:
+            raise EnvError(
+                f"{type(self).__name__}.step_with_noise: {left} of the {len(noise)} draws given were not "
+                "used by _reset_rows. Pass the draws of this env's step_noise(), unchanged."
+            )
 
     def _restart_counters(self) -> None:
         """Every row starts an episode (``reset``)."""
@@ -273,9 +369,11 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
     Implement three methods, each acting on all ``num_envs`` rows at once:
 
     - ``_reset_rows(mask)``: draw initial states (with :meth:`uniform`, from the env's seeded
-      generator) for the rows where the boolean ``mask`` is true and leave the others untouched. Use
-      ``torch.where`` rather than boolean indexing so that the step needs no host synchronisation on a
-      GPU.
+      generator) for the rows where the boolean ``mask`` is true and leave the others untouched. Draw
+      for every row and use ``torch.where`` rather than boolean indexing, so that the step needs no host
+      synchronisation on a GPU, and so that the draws (their sizes and order) never depend on the mask
+      or the state: :meth:`step_noise` makes them before the step, and inside the step :meth:`uniform`
+      hands them out instead of drawing, which keeps the step free of generators (traceable).
     - ``_advance(actions) -> (reward, terminated)``: advance the physics of every row by one step.
     - ``_observe() -> obs``: the ``(num_envs, *obs_shape)`` float32 observation of the current state.
 
@@ -289,9 +387,16 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
     ``truncated`` when the step count reaches it, independent of ``terminated``), same-step autoreset
     with ``info["final_obs"]``, episode statistics and checkpointing of the attributes named in
     ``state_names`` (``"state"`` by default).
+
+    Compiled stepping: ``step(a)`` is ``step_with_noise(a, step_noise())``: the draws are taken eagerly,
+    and :meth:`step_with_noise` is the whole step (physics, time limit, autoreset, statistics) as tensor
+    operations without a generator or a host synchronisation, which ``torch.compile`` traces as one
+    graph. :meth:`compile` switches ``step`` to that graph; a caller may also trace
+    ``step_with_noise`` inside a larger compiled function (acting and stepping fused).
     """
 
     state_names: tuple[str, ...] = ("state",)
+    traceable = True
 
     def __init__(
         self,
@@ -323,16 +428,32 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
         return self._observe(), {}
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        if self._compiled_step is not None:
+            return self._compiled_step(self._as_actions(actions), self.step_noise())
+        return self.step_with_noise(actions, self.step_noise())
+
+    def step_with_noise(
+        self, actions: Tensor, noise: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The whole step with the autoreset's draws given (``noise``: what :meth:`step_noise` returned):
+        traceable by ``torch.compile`` as one graph, and equal to :meth:`step` bit for bit eagerly."""
         actions = self._as_actions(actions)
         reward, terminated = self._advance(actions)
         truncated = self._time_limit(terminated)
         done = terminated | truncated
         final_obs = self._observe()  # (N, *obs_shape), the true next observation of every row
         episode_return, episode_length = self.episode_statistics.step(reward, done)
-        self._reset_rows(done)
+        self._reset_with(done, noise)
         self.elapsed_steps.masked_fill_(done, 0)
         obs = torch.where(done.view(-1, *([1] * (final_obs.dim() - 1))), self._observe(), final_obs)
         return obs, reward, terminated, truncated, step_info(final_obs, done, episode_return, episode_length)
+
+    def compile(self) -> list[str]:
+        """Switch :meth:`step` to ``compiled(step_with_noise)``, fed by the eager :meth:`step_noise`;
+        idempotent. The compiled step differs from the eager one by float rounding only."""
+        if self._compiled_step is None:
+            self._compiled_step = compiled(self.step_with_noise)
+        return ["env step"]
 
     def _seed_blocks(self, seeds: Sequence[int]) -> None:
         """One generator per block of ``num_envs / len(seeds)`` rows, block b seeded ``seeds[b]``."""
@@ -381,26 +502,23 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
                 generator.set_state(generator_state)
                 self.block_generators.append(generator)
 
-    def uniform(self, low: float, high: float, size: tuple[int, ...]) -> Tensor:
-        """Uniform samples in ``[low, high)`` from this env's seeded generator.
-
-        After ``reset(seed=[...])`` the rows of each block come from that block's generator, so
-        ``size`` must have one row per sub-env: ``(num_envs, ...)``.
-        """
+    def _draw(self, size: tuple[int, ...]) -> Tensor:
+        """``torch.rand(size)`` from the env's generator; after ``reset(seed=[...])`` the rows of each
+        block come from that block's generator, so ``size`` must have one row per sub-env:
+        ``(num_envs, ...)``."""
         if self.block_generators is None:
-            sample = torch.rand(size, generator=self.generator, device=self.device)
-        else:
-            if len(size) == 0 or size[0] != self.num_envs:
-                raise EnvError(
-                    f"{type(self).__name__}.uniform: size {tuple(size)} after reset(seed=[...]): with a "
-                    f"generator per block of rows, every draw needs one row per sub-env, (num_envs="
-                    f"{self.num_envs}, ...). Draw per-row quantities, or reset with an int seed."
-                )
-            sample = torch.empty(size, device=self.device)
-            rows = self.num_envs // len(self.block_generators)
-            for block, generator in zip(sample.split(rows), self.block_generators, strict=True):
-                block.uniform_(generator=generator)  # (rows, ...): torch.rand's draws, in place
-        return low + (high - low) * sample
+            return torch.rand(size, generator=self.generator, device=self.device)
+        if len(size) == 0 or size[0] != self.num_envs:
+            raise EnvError(
+                f"{type(self).__name__}.uniform: size {tuple(size)} after reset(seed=[...]): with a "
+                f"generator per block of rows, every draw needs one row per sub-env, (num_envs="
+                f"{self.num_envs}, ...). Draw per-row quantities, or reset with an int seed."
+            )
+        sample = torch.empty(size, device=self.device)
+        rows = self.num_envs // len(self.block_generators)
+        for block, generator in zip(sample.split(rows), self.block_generators, strict=True):
+            block.uniform_(generator=generator)  # (rows, ...): torch.rand's draws, in place
+        return sample
 
 
 def block_seeds(env: VecEnv, seeds: Sequence[int], rows_per_block: int) -> int | list[int]:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from gymnasium.vector.utils import batch_space
 
+from phalanx.compiling import compiled
 from phalanx.envs.core import ConcatVecEnv, Tensor, VecEnv
 from phalanx.errors import ConfigError, ContractError
 
@@ -67,6 +68,8 @@ class VecEnvWrapper(VecEnv):
         self.metadata = env.metadata
         self.render_mode = getattr(env, "render_mode", None)
         self.closed = False
+        self._compiled_step: Any = None
+        """``compiled(step_with_noise)`` after :meth:`compile`; None: the eager step."""
 
     # -- forwarding --------------------------------------------------------------------------------
     def reset(
@@ -75,8 +78,52 @@ class VecEnvWrapper(VecEnv):
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        if self._compiled_step is not None:
+            result = self._compiled_step(actions, self.step_noise())
+            self._unchecked_steps += 1
+            if self._unchecked_steps >= self._check_every:
+                self._unchecked_steps = 0
+                self.check()
+            return result
         self.step_async(actions)
         return self.step_wait()
+
+    # -- compiled stepping ---------------------------------------------------------------------------
+    def step_noise(self) -> tuple[Tensor, ...]:
+        """The wrapped env's draws (a wrapper draws nothing); none if this wrapper writes ``step``."""
+        return () if self._overrides_step() else self.env.step_noise()
+
+    def step_with_noise(
+        self, actions: Tensor, noise: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The wrapped env's :meth:`step_with_noise` between this wrapper's hooks: the whole wrapped step,
+        traceable as one graph when the wrapped env's is (see :attr:`traceable`)."""
+        if self._overrides_step():
+            return self.step(actions)
+        return self._transition(*self.env.step_with_noise(self._action(actions), noise))
+
+    @property
+    def traceable(self) -> bool:  # type: ignore[override]
+        """Whether :meth:`step_with_noise` traces as one graph: the wrapped env's does, and this wrapper
+        works through the hooks (a wrapper that writes ``step`` itself is stepped eagerly)."""
+        return not self._overrides_step() and self.env.traceable
+
+    def compile(self) -> list[str]:
+        """Switch :meth:`step` to one compiled graph of the whole wrapped step (fed by the eager
+        :meth:`step_noise`), where :attr:`traceable`; idempotent. A :class:`NanGuard` in the chain records
+        the first non-finite value on the device inside the graph; :meth:`step` raises it through
+        :meth:`check` every ``check_every`` steps of that guard (every step by default)."""
+        if not self.traceable:
+            return []
+        if self._compiled_step is None:
+            guard = find_wrapper(self, NanGuard)
+            self._check_every = guard.check_every if guard is not None else 1
+            self._unchecked_steps = 0
+            self._compiled_step = compiled(self.step_with_noise)
+        return ["env step"]
+
+    def check(self) -> None:
+        self.env.check()
 
     def step_async(self, actions: Tensor) -> None:
         if self._overrides_step():
@@ -471,7 +518,9 @@ class NanGuard(VecEnvWrapper):
     On CPU every step is checked as it happens. On an accelerator a host synchronisation per step
     would stall the pipeline, so the first offence (step, array, sub-env index, value) is recorded on
     the device without synchronising and read back every ``check_every`` steps (and by :meth:`check`).
-    The actions are checked before the env sees them.
+    The actions are checked before the env sees them. :meth:`step_with_noise` (traced into a compiled
+    graph) always records on the device: whoever steps through it calls :meth:`check` afterwards (a
+    compiled ``step`` does so every ``check_every`` steps).
     """
 
     def __init__(self, env: VecEnv, check_every: int = 1) -> None:
@@ -490,25 +539,35 @@ class NanGuard(VecEnvWrapper):
     def _locate(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(any_bad, first bad row, first bad value of that row)`` as device scalars."""
         rows = x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
-        bad_rows = ~torch.isfinite(rows).all(dim=1)  # (N,)
-        index = bad_rows.to(torch.int8).argmax()
-        row = rows[index]
-        value = row[(~torch.isfinite(row)).to(torch.int8).argmax()]
-        return bad_rows.any(), index, value
+        bad = ~torch.isfinite(rows)  # (N, K)
+        bad_rows = bad.any(dim=1)  # (N,)
+        index = bad_rows.to(torch.int8).argmax(dim=0, keepdim=True)  # (1,)
+        column = bad.index_select(0, index).to(torch.int8).argmax(dim=1, keepdim=True)  # (1, 1)
+        value = rows.index_select(0, index).gather(1, column)  # (1, 1); index_select: no host sync
+        return bad_rows.any(), index[0], value[0, 0]
 
     def _scan(self, x: Any, code: int) -> None:
+        """Check ``x`` (array ``code``): at once on CPU, recorded on the device elsewhere."""
+        if not self._sync_each_step:
+            self._record_first(x, code)
+            return
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
             return
-        if self._sync_each_step:
-            # numpy's check of a small CPU array costs a third of torch's (two ops and a sync), on
-            # every step of every array
-            on_numpy = x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS
-            finite = np.isfinite(x.detach().numpy()).all() if on_numpy else torch.isfinite(x).all()
-            if bool(finite):
-                return
-            _, index, value = self._locate(x)
-            self._record = torch.tensor([float(self.num_steps), float(code), float(index), float(value)])
-            self.check()
+        # numpy's check of a small CPU array costs a third of torch's (two ops and a sync), on every
+        # step of every array
+        on_numpy = x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS
+        finite = np.isfinite(x.detach().numpy()).all() if on_numpy else torch.isfinite(x).all()
+        if bool(finite):
+            return
+        _, index, value = self._locate(x)
+        self._record = torch.tensor([float(self.num_steps), float(code), float(index), float(value)])
+        self.check()
+
+    def _record_first(self, x: Any, code: int) -> None:
+        """Record the first non-finite value of ``x`` (array ``code``) on the device if none was yet:
+        tensor operations only, no host synchronisation."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+            return
         any_bad, index, value = self._locate(x)
         candidate = torch.stack(
             [self._step, self._codes[code], index.to(torch.float64), value.to(torch.float64)]
@@ -516,9 +575,11 @@ class NanGuard(VecEnvWrapper):
         self._record = torch.where(any_bad & (self._record[0] < 0), candidate, self._record)
 
     def check(self) -> None:
-        """Raise if a non-finite value was recorded (one host synchronisation)."""
+        """Raise if a non-finite value was recorded, here or in a guard it wraps (one host
+        synchronisation)."""
         step, code, index, value = self._record.tolist()
         if step < 0:
+            self.env.check()
             return
         env = self.unwrapped
         code = int(code)
@@ -561,8 +622,22 @@ class NanGuard(VecEnvWrapper):
             self.check()
         return obs, reward, terminated, truncated, info
 
+    def step_with_noise(
+        self, actions: Tensor, noise: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        """The wrapped env's step with every array checked on the device (recorded, raised by
+        :meth:`check`): traceable, no host synchronisation."""
+        self._step += 1
+        self._record_first(actions, 0)
+        obs, reward, terminated, truncated, info = self.env.step_with_noise(actions, noise)
+        self._record_first(obs, 1)
+        self._record_first(reward, 2)
+        self._record_first(info.get("final_obs"), 3)
+        return obs, reward, terminated, truncated, info
+
     def _own_state_dict(self) -> dict[str, Any]:
-        return {"num_steps": self.num_steps}
+        # the device count: steps taken through step_with_noise count too (one synchronisation)
+        return {"num_steps": int(self._step.item())}
 
     def _load_own_state_dict(self, state: dict[str, Any]) -> None:
         self.num_steps = int(state["num_steps"])

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from phalanx.compiling import compiled
 from phalanx.envs.core import BatchedBookkeeping, Tensor, as_device, step_info
 from phalanx.errors import ConfigError, EnvError
 
@@ -181,7 +182,9 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
     Implement, each acting on all ``num_envs`` rows at once:
 
     - ``_reset_rows(mask)``: draw initial states (with :meth:`uniform`) where ``mask`` is true, leave the
-      other rows untouched (``torch.where``, no boolean indexing: no host synchronisation on a GPU);
+      other rows untouched (draw for every row, then ``torch.where``, no boolean indexing: no host
+      synchronisation on a GPU, and draws that do not depend on the mask, which :meth:`step_noise`
+      makes before the step);
     - ``_advance(actions) -> (rewards, terminated)``: one step of every row; ``rewards`` per group;
     - ``_observe() -> obs``: the observations per group of the current state;
     - optionally ``_global_state(obs)`` (default: every agent's observation, concatenated, as PettingZoo
@@ -189,7 +192,9 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
 
     The base class handles seeding (one generator, ``reset(seed=s)``), the time limit
     (``max_episode_steps``: truncation), same-step autoreset with final observations and states,
-    episode statistics per agent, and checkpoints of the attributes named in ``state_names``.
+    episode statistics per agent, and checkpoints of the attributes named in ``state_names``. As in
+    ``BatchedVecEnv``, ``step(a)`` is ``step_with_noise(a, step_noise())``, traceable as one graph, and
+    :meth:`compile` switches ``step`` to that graph.
     """
 
     def __init__(
@@ -222,6 +227,15 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
         return obs, info
 
     def step(self, actions: Groups) -> tuple[Groups, Groups, Tensor, Tensor, dict[str, Any]]:
+        if self._compiled_step is not None:
+            return self._compiled_step(check_actions(self, actions), self.step_noise())
+        return self.step_with_noise(actions, self.step_noise())
+
+    def step_with_noise(
+        self, actions: Groups, noise: tuple[Tensor, ...]
+    ) -> tuple[Groups, Groups, Tensor, Tensor, dict[str, Any]]:
+        """The whole step with the autoreset's draws given (what :meth:`step_noise` returned): traceable
+        by ``torch.compile`` as one graph, and equal to :meth:`step` bit for bit eagerly."""
         rewards, terminated = self._advance(check_actions(self, actions))
         truncated = self._time_limit(terminated)
         done = terminated | truncated
@@ -230,7 +244,7 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
         final_mask = self._action_mask() if self.has_action_mask else None
         all_rewards = torch.cat([rewards[name] for name in self.groups], dim=1)  # (N, all agents)
         episode_return, episode_length = self.episode_statistics.step(all_rewards, done)
-        self._reset_rows(done)
+        self._reset_with(done, noise)
         self.elapsed_steps.masked_fill_(done, 0)
         fresh = self._observe()
         obs = {name: torch.where(done.view(-1, 1, 1), fresh[name], final_obs[name]) for name in self.groups}
@@ -251,9 +265,12 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
         sizes = [group.num_agents for group in self.groups.values()]
         return dict(zip(self.groups, per_agent.split(sizes, dim=1), strict=True))
 
-    def uniform(self, low: float, high: float, size: tuple[int, ...]) -> Tensor:
-        """Uniform samples in ``[low, high)`` from this env's seeded generator."""
-        return low + (high - low) * torch.rand(size, generator=self.generator, device=self.device)
+    def compile(self) -> list[str]:
+        """Switch :meth:`step` to ``compiled(step_with_noise)``, fed by the eager :meth:`step_noise`;
+        idempotent. The compiled step differs from the eager one by float rounding only."""
+        if self._compiled_step is None:
+            self._compiled_step = compiled(self.step_with_noise)
+        return ["env step"]
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
