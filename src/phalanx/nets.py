@@ -47,13 +47,25 @@ def layer_init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
+class MLP(nn.Sequential):
+    """The network :func:`mlp` builds: an ``nn.Sequential`` whose forward calls each layer's ``forward``
+    directly. ``nn.Module.__call__`` (hook dispatch) costs ~1-2 us a layer, a third of the forward of a
+    few rows, on every acting step; the results are the same. Hooks on the layers are not called
+    (hooks on the MLP itself are)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self:
+            x = layer.forward(x)
+        return x
+
+
 def mlp(
     in_dim: int,
     hidden_sizes: Sequence[int],
     out_dim: int,
     activation: str = "tanh",
     output_gain: float = 1.0,
-) -> nn.Sequential:
+) -> MLP:
     """Linear-activation stack; gain sqrt(2) on hidden layers, ``output_gain`` on the last one."""
     activation_type = activation_class(activation)
     sizes = [in_dim, *hidden_sizes]
@@ -61,7 +73,7 @@ def mlp(
     for size_in, size_out in pairwise(sizes):
         layers += [layer_init(nn.Linear(size_in, size_out), HIDDEN_GAIN), activation_type()]
     layers.append(layer_init(nn.Linear(sizes[-1], out_dim), output_gain))
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 # -- ensembles ---------------------------------------------------------------------------------------
