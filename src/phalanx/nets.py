@@ -271,9 +271,10 @@ class CategoricalPolicy(nn.Module):
             action = log_probs.argmax(dim=0)
         else:  # Gumbel-max trick: argmax(log p + Gumbel noise) ~ Categorical(p)
             uniform = self.draw_noise(obs, generator) if noise is None else noise  # (B, A)
-            gumbel = -torch.log(-torch.log(uniform))  # uniform = 0 gives -inf: never chosen
+            # log p + Gumbel noise, as log p - log(-log u): the same bits (x - y is x + (-y)), one op less
+            minus_gumbel = torch.log(-torch.log(uniform)).movedim(-1, 0)  # u = 0 gives +inf: never chosen
             # max(...).indices, not argmax: the same index, but argmax over a short leading dim is slower
-            action = (log_probs + gumbel.movedim(-1, 0)).max(dim=0).indices
+            action = (log_probs - minus_gumbel).max(dim=0).indices
         log_prob = log_probs.gather(0, action.unsqueeze(0)).squeeze(0)
         return action, log_prob
 
