@@ -61,6 +61,10 @@ class RolloutBuffer:
         self.terminated = torch.zeros(*steps, dtype=torch.bool, device=self.device)  # (T, N)
         self.dones = torch.zeros(*steps, dtype=torch.bool, device=self.device)  # (T, N)
         self.next_obs = torch.zeros(*steps, *self.obs_shape, **float32)  # (T, N, *obs_shape)
+        self.rows = [tuple(self._storage(name)[step] for name in self.FIELDS) for step in range(horizon)]
+        """Per step, the views of its row of every field (in FIELDS' order): :meth:`add` copies into
+        them without indexing the fields again."""
+        self.row_shapes = [tuple(row.shape) for row in self.rows[0]]
 
     def add(
         self,
@@ -76,14 +80,19 @@ class RolloutBuffer:
     ) -> None:
         """Copy one step of N environments into row ``step`` (no allocation, no host sync)."""
         row = (obs, actions, log_probs, values, rewards, terminated, dones, next_obs)  # in FIELDS' order
-        for name, value in zip(self.FIELDS, row, strict=True):
-            storage = self._storage(name)
-            if value.shape != storage.shape[1:]:
+        for storage, value, shape in zip(self.rows[step], row, self.row_shapes, strict=True):
+            if value.shape != shape:  # copy_ would broadcast a (1,) or (N, 1) into the row silently
+                self.raise_shape_error(row)
+            storage.copy_(value)
+
+    def raise_shape_error(self, row: tuple[Tensor, ...]) -> None:
+        """The ValueError of :meth:`add` naming the first field of ``row`` whose shape is wrong."""
+        for name, value, shape in zip(self.FIELDS, row, self.row_shapes, strict=True):
+            if value.shape != shape:
                 raise ValueError(
-                    f"RolloutBuffer.add: {name} has shape {tuple(value.shape)}, "
-                    f"expected {tuple(storage.shape[1:])} (num_envs, ...)."
+                    f"RolloutBuffer.add: {name} has shape {tuple(value.shape)}, expected {shape} "
+                    "(num_envs, ...)."
                 )
-            storage[step].copy_(value)
 
     @property
     def critic_obs(self) -> Tensor:

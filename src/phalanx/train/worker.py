@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
+from phalanx.compiling import compiled
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
+
+Tensor = torch.Tensor
 
 
 class Transition(NamedTuple):
@@ -72,6 +76,10 @@ class Worker:
         self.obs: torch.Tensor | None = None
         self._sent: torch.Tensor | None = None  # the actions of a step in flight
         self.episodes = EpisodeLog(env.device)
+        self.compiled_act: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None
+        self.compiled_rollout_step: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None
+        self._step_indices: list[Tensor] = []
+        self.compiled_parts: list[str] | None = None  # what compile() compiled; None before it is called
 
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
@@ -89,9 +97,11 @@ class Worker:
             raise RuntimeError("Worker.collect called before Worker.reset")
         if self.halves is not None:
             return self._collect_double_buffered(buffer, *self.halves)
+        if self.compiled_rollout_step is not None:
+            return self._collect_compiled(buffer)
         ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
-            actions, log_probs, values = self.algorithm.explore(self.obs)
+            actions, log_probs, values = self.explore(self.obs)
             next_obs, rewards, terminated, truncated, info = self.env.step(actions)
             dones = terminated | truncated
             buffer.add(
@@ -111,15 +121,15 @@ class Worker:
         """
         size = first.num_envs
         obs = [self.obs[:size], self.obs[size:]]
-        ahead = self.algorithm.explore(obs[0])  # (actions, log_probs, values) of the first half
+        ahead = self.explore(obs[0])  # (actions, log_probs, values) of the first half
         first.step_async(ahead[0])
         ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
         for step in range(buffer.horizon):
-            outputs = [ahead, self.algorithm.explore(obs[1])]
+            outputs = [ahead, self.explore(obs[1])]
             second.step_async(outputs[1][0])
             first_result = first.step_wait()
             if step + 1 < buffer.horizon:
-                ahead = self.algorithm.explore(first_result[0])
+                ahead = self.explore(first_result[0])
                 first.step_async(ahead[0])
             next_obs, rewards, terminated, truncated, info = concat_transitions(
                 [first_result, second.step_wait()]
@@ -142,6 +152,93 @@ class Worker:
         self.obs = torch.cat(obs)
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
+
+    # -- compiled rollouts ---------------------------------------------------------------------------
+    def compile(self) -> list[str]:
+        """Switch on-policy collection to its compiled path; the names of what was compiled (idempotent).
+
+        With a traceable env (the built-in simulators and their wrappers), one env step of a rollout is
+        one compiled call, :meth:`rollout_step`: acting (policy forward, sampling, value), the env step
+        and the buffer write. With any other env (worker processes, Gymnasium, EnvPool) acting alone is
+        compiled (:meth:`act`) and the env steps eagerly. Every random draw is taken eagerly just before
+        the call, from the same generators in the same order as the eager path, so that compiled and
+        eager rollouts differ only by float rounding. The horizon loop stays in Python, one call per
+        step: a rollout unrolled into one graph takes minutes to compile. An off-policy algorithm acts
+        through its exploration policy, which this does not compile: [].
+        """
+        if self.compiled_parts is not None:
+            return self.compiled_parts
+        self.compiled_parts = []
+        if self.algorithm.on_policy:  # type: ignore[union-attr]
+            if self.env.traceable and self.halves is None:
+                self.compiled_rollout_step = compiled(self.rollout_step)
+                self.compiled_parts.append("acting + env step + buffer write")
+            else:
+                self.compiled_act = compiled(self.act)
+                self.compiled_parts.append("acting")
+        return self.compiled_parts
+
+    def explore(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """On-policy acting: ``(actions, log_probs, values)`` of observations ``(N, obs_dim)``; the
+        algorithm's ``explore``, or after :meth:`compile` the compiled :meth:`act` with the noise drawn
+        here."""
+        if self.compiled_act is None:
+            return self.algorithm.explore(obs)  # type: ignore[call-arg, return-value]
+        return self.compiled_act(obs, self.algorithm.policy.draw_noise(obs))  # type: ignore[union-attr]
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The on-policy algorithm's ``explore`` with its random draw given: ``(actions, log_probs,
+        values)`` of observations ``(N, obs_dim)``; ``noise`` is the policy's ``draw_noise(obs)``."""
+        algorithm = self.algorithm
+        actions, log_probs = algorithm.policy.sample(obs, noise=noise)  # type: ignore[union-attr]
+        return actions, log_probs, algorithm.value(obs)  # type: ignore[union-attr]
+
+    @torch.no_grad()
+    def rollout_step(
+        self,
+        obs: Tensor,
+        policy_noise: Tensor,
+        env_noise: tuple[Tensor, ...],
+        step: Tensor,
+        fields: tuple[Tensor, ...],
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One step of a rollout as a function of tensors: act on ``obs`` (:meth:`act`), step the env with
+        its draws given (``step_with_noise``) and write the transition into row ``step`` (a ``(1,)``
+        index) of the buffer's ``fields`` (in ``RolloutBuffer.FIELDS`` order).
+
+        ``(next_obs, episode_return, episode_length, dones)``, the rest of what the loop needs.
+        """
+        actions, log_probs, values = self.act(obs, policy_noise)
+        next_obs, rewards, terminated, truncated, info = self.env.step_with_noise(actions, env_noise)
+        dones = terminated | truncated
+        row = (obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"])
+        for storage, value in zip(fields, row, strict=True):
+            storage[step] = value.unsqueeze(0)  # a (1,) tensor index: one graph for every step
+        return next_obs, info["episode_return"], info["episode_length"], dones
+
+    def _collect_compiled(self, buffer: RolloutBuffer) -> RolloutBuffer:
+        """:meth:`collect` through the compiled :meth:`rollout_step`, its draws taken here; the env's
+        device-side checks (a NanGuard's) are raised once, at the end of the rollout."""
+        rollout_step, obs = self.compiled_rollout_step, self.obs
+        policy, env = self.algorithm.policy, self.env  # type: ignore[union-attr]
+        fields = tuple(getattr(buffer, name) for name in buffer.FIELDS)
+        ended: list[tuple[Tensor, Tensor, Tensor]] = []  # recorded once, after the loop
+        for step in self.step_indices(buffer.horizon):
+            policy_noise = policy.draw_noise(obs)
+            obs, *statistics = rollout_step(obs, policy_noise, env.step_noise(), step, fields)
+            ended.append(statistics)
+        self.obs = obs
+        env.check()
+        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
+        return buffer
+
+    def step_indices(self, horizon: int) -> list[Tensor]:
+        """The ``(1,)`` index tensors ``[0], [1], ..., [horizon - 1]`` of :meth:`rollout_step` (made once)."""
+        if len(self._step_indices) != horizon:
+            device = self.env.device
+            self._step_indices = list(torch.arange(horizon, device=device).view(horizon, 1).unbind())
+        return self._step_indices
 
     def step(self, replay: ReplayBuffer, steps: int, random: bool) -> None:
         """One step of every sub-env into ``replay``; uniformly random actions if ``random``."""
