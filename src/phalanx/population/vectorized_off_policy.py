@@ -296,21 +296,18 @@ class VectorizedOffPolicy(VectorizedPopulation):
         actors' step of every member, each one graph with a learning rate per member (a tensor input:
         changing it compiles nothing). The random draws (each member's from its generator), the Polyak
         steps and SAC's temperature step stay eager."""
-        self.critics.compile([self.critic], self._loss("critic_loss"))
-        self.actors.compile([self.actor], self._loss("actor_loss"))
+        rule = self.algorithm_class.rule
+        self.critics.compile([self.critic], functools.partial(rule.critic_loss, self))
+        self.actors.compile([self.actor], functools.partial(rule.actor_loss, self))
         return ["critic update", "actor update"]
 
-    def _loss(self, name: str) -> Callable[..., tuple[Tensor, Any]]:
-        """The rule's loss ``name`` with this population as its learner."""
-        return functools.partial(getattr(self.algorithm_class.rule, name), self)
-
     def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
-        learning_rate = self.learning_rate("critic_learning_rate")
-        return self.critics.minimise(self._loss("critic_loss"), (batch, draws, hp), learning_rate)
+        loss = functools.partial(self.algorithm_class.rule.critic_loss, self)
+        return self.critics.minimise(loss, (batch, draws, hp), self.learning_rate("critic_learning_rate"))
 
     def step_actor(self, obs: Tensor, noise: Tensor | None, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        learning_rate = self.hyperparameter_tensors["learning_rate"]
-        return self.actors.minimise(self._loss("actor_loss"), (obs, noise, hp), learning_rate)
+        loss = functools.partial(self.algorithm_class.rule.actor_loss, self)
+        return self.actors.minimise(loss, (obs, noise, hp), self.hyperparameter_tensors["learning_rate"])
 
     def set_critic_grad(self, requires_grad: bool) -> None:
         for parameter in self.critics.parameters:
