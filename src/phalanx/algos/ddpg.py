@@ -17,15 +17,19 @@ The rule is written once, for one algorithm or for P members trained as one batc
 the optimiser steps, and the networks, the batch and any hyperparameter may carry a leading member
 dimension ``(P, ...)`` (a member's K critics are then rows ``[p * K, (p + 1) * K)`` of one ensemble).
 Every random draw goes through the learner's :class:`Draws`, so that each member of a population can
-draw exactly what its own single run draws.
+draw exactly what its own single run draws, and all of an update's draws are taken first
+(:meth:`EnsembleCriticRule.draw`): the critics' and the actor's losses are then functions of tensors,
+which the learner minimises eagerly (the reference) or as one compiled graph each
+(:class:`~phalanx.optim.GradientStep`, after ``compile()``).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import gymnasium as gym
 import torch
@@ -35,7 +39,7 @@ from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyC
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
-from phalanx.optim import make_adam
+from phalanx.optim import GradientStep, make_adam
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
 Tensor = torch.Tensor
@@ -109,7 +113,8 @@ class Draws:
     """The random draws of a learning rule, from torch's global generator (a single run).
 
     A vectorized population passes its own, which draws each member's slice from that member's
-    generator; the values and their order are the rule's, whoever draws them.
+    generator; the values and their order are the rule's (:meth:`EnsembleCriticRule.draw`), whoever
+    draws them.
     """
 
     def normal(self, like: Tensor) -> Tensor:
@@ -135,18 +140,28 @@ def q_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
     return critic(expanded).view(*lead, critics, rows[0])
 
 
-def reduce_critics(q_values: Tensor, hp: Any, draws: Draws, dim: int = -2) -> Tensor:
+def reduce_critics(q_values: Tensor, hp: Any, subset: Tensor | None, dim: int = -2) -> Tensor:
     """Combine target critics (K along ``dim``) into one value by ``hp.target_reduction``: min, mean, or
-    REDQ's min over a random subset of ``hp.target_subset`` members, redrawn every update."""
+    REDQ's min over ``subset``, ``hp.target_subset`` indices of critics redrawn every update (``(M,)``, or
+    ``(P, M)`` for P members; None for the other reductions)."""
     if hp.target_reduction == "mean":
         return q_values.mean(dim=dim)
-    if hp.target_reduction == "redq":
-        subset = draws.subset(q_values.shape[dim], hp.target_subset, q_values.device)  # (M,) or (P, M)
+    if subset is not None:
         if subset.dim() == 1:
             q_values = q_values.index_select(dim, subset)
         else:  # (P, M) rows of (P, K, B)
             q_values = q_values.gather(dim, subset.unsqueeze(-1).expand(*subset.shape, q_values.shape[-1]))
     return q_values.min(dim=dim).values
+
+
+class TargetDraws(NamedTuple):
+    """The random draws of the critics' TD target in one update."""
+
+    noise: Tensor | None
+    """Standard normal noise of the next action, shaped like the batch's actions (TD3's smoothing, SAC's
+    sample); None where the next action is deterministic (DDPG)."""
+    subset: Tensor | None
+    """REDQ's critics for the target (:func:`reduce_critics`); None for the other reductions."""
 
 
 class EnsembleCriticLearner(Protocol):
@@ -158,11 +173,13 @@ class EnsembleCriticLearner(Protocol):
     draws: Draws
     updates: int
 
-    def step_critic(self, loss: Tensor) -> None:
-        """One optimiser step of the critics on ``loss`` (``(P,)``: each member's own)."""
+    def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
+        """One optimiser step of the critics on the rule's :meth:`~EnsembleCriticRule.critic_loss`
+        (``(P,)``: each member's own); its loss and aux, detached."""
 
-    def step_actor(self, loss: Tensor) -> None:
-        """One optimiser step of the actor on ``loss``."""
+    def step_actor(self, obs: Tensor, noise: Tensor | None, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """One optimiser step of the actor on the rule's :meth:`~EnsembleCriticRule.actor_loss`; its loss
+        and metrics, detached."""
 
     def set_critic_grad(self, requires_grad: bool) -> None: ...
 
@@ -174,39 +191,70 @@ class EnsembleCriticRule:
     """The update of DDPG, TD3, SAC and REDQ as functions of (learner, batch, hyperparameters).
 
     ``hp`` has the fields of the algorithm's config; the ones a population varies per member are
-    ``(P,)`` tensors there. Subclasses choose the next value and the actor's loss.
+    ``(P,)`` tensors there. Subclasses choose the next value and the actor's loss, and say which noise
+    they draw (:attr:`samples_next_action`, :attr:`samples_action`).
     """
+
+    samples_next_action: ClassVar[bool] = False
+    """Whether the TD target's next action takes standard normal noise (:attr:`TargetDraws.noise`)."""
+    samples_action: ClassVar[bool] = False
+    """Whether the actor's loss takes standard normal noise for its action."""
 
     @classmethod
     def update(cls, learner: Any, batch: ReplayBatch, hp: Any) -> dict[str, Tensor]:
         """One update of ``learner`` on ``batch``; scalar metrics (``(P,)`` for a population)."""
-        with torch.no_grad():
-            targets = batch.rewards + batch.discounts * cls.next_value(learner, batch.next_obs, hp)  # (B,)
-        q = q_values(learner.critic, batch.obs, batch.actions)  # (K, B)
-        critic_loss = (q - targets.unsqueeze(-2)).pow(2).mean(dim=-1).sum(dim=-1)
-        learner.step_critic(critic_loss)
+        actor_update = (learner.updates + 1) % hp.policy_delay == 0
+        target_draws, actor_noise = cls.draw(learner.draws, batch, hp, actor_update)
+        critic_loss, q_mean = learner.step_critic(batch, target_draws, hp)
         learner.updates += 1
 
-        metrics = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(dim=(-2, -1))}
-        if learner.updates % hp.policy_delay == 0:
+        metrics = {"critic_loss": critic_loss, "q_mean": q_mean}
+        if actor_update:
             learner.set_critic_grad(False)  # the actor's loss moves the actor only
-            actor_loss, actor_metrics = cls.actor_loss(learner, batch.obs, hp)
-            learner.step_actor(actor_loss)
+            actor_loss, actor_metrics = learner.step_actor(batch.obs, actor_noise, hp)
             learner.set_critic_grad(True)
             cls.after_actor_step(learner, actor_metrics, hp)
             learner.update_targets()
-            metrics.update(
-                actor_loss=actor_loss.detach(), **{k: v.detach() for k, v in actor_metrics.items()}
-            )
+            metrics.update(actor_loss=actor_loss, **{k: v.detach() for k, v in actor_metrics.items()})
         return metrics
 
     @classmethod
-    def next_value(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
+    def draw(
+        cls, draws: Draws, batch: ReplayBatch, hp: Any, actor_update: bool
+    ) -> tuple[TargetDraws, Tensor | None]:
+        """Every random draw of one update, before it and in the order the rule uses them: the next
+        action's noise, REDQ's subset, then (``actor_update``) the actor's noise. The losses are then
+        functions of tensors, which run eagerly or compiled on the same draws."""
+        like = batch.actions  # (B, A), or (P, B, A): the actor's actions
+        noise = draws.normal(like) if cls.samples_next_action else None
+        subset = None
+        if hp.target_reduction == "redq":
+            subset = draws.subset(hp.num_critics, hp.target_subset, like.device)
+        actor_noise = draws.normal(like) if actor_update and cls.samples_action else None
+        return TargetDraws(noise, subset), actor_noise
+
+    @classmethod
+    def critic_loss(
+        cls, learner: Any, batch: ReplayBatch, draws: TargetDraws, hp: Any
+    ) -> tuple[Tensor, Tensor]:
+        """The critics' loss, squared TD error summed over the K critics and averaged over the batch
+        (``(P,)`` for P members), and their mean Q."""
+        with torch.no_grad():
+            targets = batch.rewards + batch.discounts * cls.next_value(learner, batch.next_obs, draws, hp)
+        q = q_values(learner.critic, batch.obs, batch.actions)  # (K, B)
+        loss = (q - targets.unsqueeze(-2)).pow(2).mean(dim=-1).sum(dim=-1)
+        return loss, q.detach().mean(dim=(-2, -1))
+
+    @classmethod
+    def next_value(cls, learner: Any, next_obs: Tensor, draws: TargetDraws, hp: Any) -> Tensor:
         """V(s') of the TD target, (B,)."""
         raise NotImplementedError
 
     @classmethod
-    def actor_loss(cls, learner: Any, obs: Tensor, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    def actor_loss(
+        cls, learner: Any, obs: Tensor, noise: Tensor | None, hp: Any
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The actor's loss and its metrics; ``noise``: its action's noise (:attr:`samples_action`)."""
         raise NotImplementedError
 
     @classmethod
@@ -218,16 +266,19 @@ class DDPGRule(EnsembleCriticRule):
     """A deterministic actor: the target actor's action at s', ``-Q(s, pi(s))`` for the actor."""
 
     @classmethod
-    def next_actions(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
+    def next_actions(cls, learner: Any, next_obs: Tensor, noise: Tensor | None, hp: Any) -> Tensor:
         return learner.actor_target(next_obs)
 
     @classmethod
-    def next_value(cls, learner: Any, next_obs: Tensor, hp: Any) -> Tensor:
-        q_next = q_values(learner.critic_target, next_obs, cls.next_actions(learner, next_obs, hp))
-        return reduce_critics(q_next, hp, learner.draws)  # (B,)
+    def next_value(cls, learner: Any, next_obs: Tensor, draws: TargetDraws, hp: Any) -> Tensor:
+        next_actions = cls.next_actions(learner, next_obs, draws.noise, hp)
+        q_next = q_values(learner.critic_target, next_obs, next_actions)
+        return reduce_critics(q_next, hp, draws.subset)  # (B,)
 
     @classmethod
-    def actor_loss(cls, learner: Any, obs: Tensor, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    def actor_loss(
+        cls, learner: Any, obs: Tensor, noise: Tensor | None, hp: Any
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
 
 
@@ -257,23 +308,62 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         critic_lr = config.critic_learning_rate or config.learning_rate
         self.critic_optimizer = make_adam(self.critic_parameters, lr=critic_lr)
         self.updates = 0
+        self.critic_gradient_step: GradientStep | None = None
+        """The critics' compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
+        self.actor_gradient_step: GradientStep | None = None
 
     def make_actor(self) -> nn.Module:
         raise NotImplementedError
+
+    def compile(self) -> list[str]:
+        """Run :meth:`update`'s two gradient steps compiled from now on, each as one graph
+        (:class:`~phalanx.optim.GradientStep`): the critics' (TD target, loss, gradient, Adam) and the
+        actor's. The random draws stay outside, taken eagerly as the eager update takes them
+        (:meth:`EnsembleCriticRule.draw`); the target networks' Polyak step stays one foreach op, SAC's
+        temperature step a fused Adam step of one number. Learners of a data-parallel group step eagerly
+        (their gradients are averaged between backward and the step)."""
+        if self.critic_gradient_step is None:
+            self.critic_gradient_step = GradientStep(
+                self.critic_optimizer,  # type: ignore[arg-type]  # make_adam builds a flat one
+                [self.critic],
+                functools.partial(self.rule.critic_loss, self),
+            )
+            self.actor_gradient_step = GradientStep(
+                self.actor_optimizer,  # type: ignore[arg-type]
+                [self.actor],
+                functools.partial(self.rule.actor_loss, self),
+            )
+            self.critic_gradient_step.compile()
+            self.actor_gradient_step.compile()
+        return ["critic update", "actor update"]
 
     def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
         return self.rule.update(self, batch, self.config)
 
     def reduce_critics(self, q_values: torch.Tensor) -> torch.Tensor:
         """Combine target critics ``(K, ...)`` over dim 0 as the config says (MADDPG's per-group values)."""
-        return reduce_critics(q_values, self.config, GLOBAL_DRAWS, dim=0)
+        config = self.config
+        subset = None
+        if config.target_reduction == "redq":
+            subset = GLOBAL_DRAWS.subset(q_values.shape[0], config.target_subset, q_values.device)
+        return reduce_critics(q_values, config, subset, dim=0)
 
     # -- the learner's side of the rule: optimiser steps ----------------------------------------
-    def step_critic(self, loss: torch.Tensor) -> None:
+    def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
+        if self.critic_gradient_step is not None and self.group is None:
+            with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
+                return self.critic_gradient_step(batch, draws, hp)
+        loss, q_mean = self.rule.critic_loss(self, batch, draws, hp)
         self.minimise(loss, self.critic_optimizer)
+        return loss.detach(), q_mean
 
-    def step_actor(self, loss: torch.Tensor) -> None:
+    def step_actor(self, obs: Tensor, noise: Tensor | None, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        if self.actor_gradient_step is not None and self.group is None:
+            with torch.no_grad():
+                return self.actor_gradient_step(obs, noise, hp)
+        loss, metrics = self.rule.actor_loss(self, obs, noise, hp)
         self.minimise(loss, self.actor_optimizer)
+        return loss.detach(), metrics
 
     def update_targets(self) -> None:
         self.critic_polyak.update(self.config.tau)

@@ -1,6 +1,7 @@
 """The DQN family: DQN -> Double DQN -> Dueling DQN -> D3QN, one learning rule with two flags.
 
-:meth:`DQN.update`, top to bottom: Q(s, a) of the sampled actions; the target
+:meth:`DQN.update`, top to bottom (the loss is :meth:`DQN.loss`, which ``compile()`` makes one graph
+with its gradient step): Q(s, a) of the sampled actions; the target
 ``r + discount * Q_target(s', a*)`` where ``a*`` is ``argmax Q_target(s')`` (DQN) or
 ``argmax Q_online(s')`` (``double``); the Huber loss; a gradient step with norm clipping; and the target
 network update (a hard copy every ``target_update_interval`` updates, or Polyak with ``tau < 1``).
@@ -22,7 +23,7 @@ from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyC
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim
-from phalanx.optim import make_adam
+from phalanx.optim import GradientStep, make_adam
 
 
 @dataclass
@@ -170,6 +171,8 @@ class DQN(OffPolicyAlgorithm):
         self.q_polyak = PolyakPair(self.q_target, self.q_network)
         self.optimizer = make_adam(self.q_parameters, lr=config.learning_rate)
         self.updates = 0
+        self.gradient_step: GradientStep | None = None
+        """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
         self.exploration = EpsilonGreedy(self.q_network, self.num_actions, EpsilonSchedule(config))
 
     def exploration_policy(self) -> EpsilonGreedy:
@@ -179,7 +182,23 @@ class DQN(OffPolicyAlgorithm):
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.q_network(obs).argmax(dim=1)
 
-    def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
+    def compile(self) -> list[str]:
+        """Run :meth:`update`'s gradient step (TD target, Huber loss, gradient, clipping, Adam) as one
+        compiled graph from now on (:class:`~phalanx.optim.GradientStep`); the target network's update
+        stays one foreach op. Learners of a data-parallel group step eagerly (their gradients are
+        averaged between backward and clipping)."""
+        if self.gradient_step is None:
+            self.gradient_step = GradientStep(
+                self.optimizer,  # type: ignore[arg-type]  # make_adam builds a flat one
+                [self.q_network],
+                self.loss,
+                self.config.max_grad_norm,
+            )
+            self.gradient_step.compile()
+        return ["update"]
+
+    def loss(self, batch: ReplayBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Huber loss of ``batch``'s TD errors, and the Q-values ``(B,)`` of its actions (detached)."""
         config = self.config
         with torch.no_grad():
             next_q_target = self.q_target(batch.next_obs)  # (B, A)
@@ -190,15 +209,22 @@ class DQN(OffPolicyAlgorithm):
             next_values = next_q_target.gather(1, next_actions).squeeze(1)  # (B,)
             targets = batch.rewards + batch.discounts * next_values
         q_values = self.q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
-        loss = F.smooth_l1_loss(q_values, targets)
+        return F.smooth_l1_loss(q_values, targets), q_values.detach()
 
-        self.minimise(loss, self.optimizer, config.max_grad_norm)
+    def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
+        config = self.config
+        if self.gradient_step is not None and self.group is None:
+            with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
+                loss, q_values = self.gradient_step(batch)
+        else:
+            loss, q_values = self.loss(batch)
+            self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:
             self.q_polyak.update(config.tau)
         return {
             "q_loss": loss.detach(),
-            "q_mean": q_values.detach().mean(),
+            "q_mean": q_values.mean(),
             "epsilon": torch.tensor(self.exploration.epsilon),
         }
 

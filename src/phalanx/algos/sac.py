@@ -28,6 +28,7 @@ from phalanx.algos.ddpg import (
     EnsembleCriticAlgorithm,
     EnsembleCriticConfig,
     EnsembleCriticRule,
+    TargetDraws,
     member_view,
     q_values,
     reduce_critics,
@@ -98,10 +99,10 @@ class SquashedGaussianActor(nn.Module):
         mean, log_std = self(obs)
         return torch.tanh(mean + log_std.exp() * draws.normal(mean))
 
-    def sample(self, obs: torch.Tensor, draws: Draws) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,); the noise from ``draws``."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log_prob)``: action (B, A) in (-1, 1), log_prob (B,), for standard normal ``noise``
+        (B, A) (drawn by the caller, so that this is a function of tensors)."""
         mean, log_std = self(obs)
-        noise = draws.normal(mean)
         pre_tanh = mean + log_std.exp() * noise
         gaussian_log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(dim=-1)
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|
@@ -128,18 +129,21 @@ class SACRule(EnsembleCriticRule):
     """The soft target and actor loss, and the temperature's step; ``learner.alpha`` and
     ``learner.target_entropy`` are scalars, or ``(P,)`` for a population."""
 
+    samples_next_action = True
+    samples_action = True
+
     @classmethod
-    def next_value(cls, learner: Any, next_obs: torch.Tensor, hp: Any) -> torch.Tensor:
-        next_actions, next_log_probs = learner.actor.sample(next_obs, learner.draws)
+    def next_value(cls, learner: Any, next_obs: torch.Tensor, draws: TargetDraws, hp: Any) -> torch.Tensor:
+        next_actions, next_log_probs = learner.actor.sample(next_obs, draws.noise)
         q_next = q_values(learner.critic_target, next_obs, next_actions)  # (K, B)
-        q_next = reduce_critics(q_next, hp, learner.draws)  # (B,)
+        q_next = reduce_critics(q_next, hp, draws.subset)  # (B,)
         return q_next - member_view(learner.alpha, q_next) * next_log_probs
 
     @classmethod
     def actor_loss(
-        cls, learner: Any, obs: torch.Tensor, hp: Any
+        cls, learner: Any, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        actions, log_probs = learner.actor.sample(obs, learner.draws)
+        actions, log_probs = learner.actor.sample(obs, noise)
         q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
         loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
         return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}

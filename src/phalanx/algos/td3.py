@@ -35,11 +35,15 @@ class TD3Config(DDPGConfig):
 class TD3Rule(DDPGRule):
     """DDPG's rule with target policy smoothing: clipped Gaussian noise on the target action."""
 
+    samples_next_action = True
+
     @classmethod
-    def next_actions(cls, learner: Any, next_obs: torch.Tensor, hp: Any) -> torch.Tensor:
+    def next_actions(
+        cls, learner: Any, next_obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
+    ) -> torch.Tensor:
         actions = learner.actor_target(next_obs)
         clip = member_view(hp.target_noise_clip, actions)
-        noise = (member_view(hp.target_noise, actions) * learner.draws.normal(actions)).clamp(-clip, clip)
+        noise = (member_view(hp.target_noise, actions) * noise).clamp(-clip, clip)
         return (actions + noise).clamp(-1.0, 1.0)
 
 

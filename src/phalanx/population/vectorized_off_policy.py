@@ -29,6 +29,7 @@ member and the updates it owes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from phalanx.algos.base import Algorithm
-from phalanx.algos.ddpg import DDPG, Draws, EnsembleCriticAlgorithm, member_view
+from phalanx.algos.ddpg import DDPG, Draws, EnsembleCriticAlgorithm, TargetDraws, member_view
 from phalanx.algos.sac import SAC, SquashedGaussianActor
 from phalanx.algos.td3 import TD3
 from phalanx.buffers import ReplayBatch, ReplayBuffer
@@ -46,7 +47,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
 from phalanx.nets import EnsembleMLP
-from phalanx.optim import VectorizedAdam, flatten_parameters, load_adam_state
+from phalanx.optim import GradientStep, VectorizedAdam, flatten_parameters, load_adam_state
 from phalanx.population.vectorized_base import SingleLayout, VectorizedPopulation, ensemble_linear_weights
 
 GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -109,14 +110,32 @@ class MemberFlat:
         self.flat, self.gradients = flatten_parameters(self.parameters)
         self.rows_per_member = rows_per_member
         self.optimizer = VectorizedAdam(self.flat, self.gradients, eps=ADAM_EPS)
+        self.gradient_step: GradientStep | None = None
+        """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
 
-    def minimise(self, loss: Tensor, learning_rate: Tensor) -> None:
-        """Backward of the members' summed ``(P,)`` loss (each member's gradient is its own), then Adam."""
+    def compile(self, modules: Sequence[nn.Module], loss: Callable[..., tuple[Tensor, Any]]) -> None:
+        """Minimise ``loss`` (the one :meth:`minimise` is given) with ``modules`` as one compiled graph
+        from now on (:class:`~phalanx.optim.GradientStep` on this flat's VectorizedAdam)."""
+        if self.gradient_step is None:
+            self.gradient_step = GradientStep(self.optimizer, modules, loss)
+            self.gradient_step.compile()
+
+    def minimise(
+        self, loss: Callable[..., tuple[Tensor, Any]], inputs: tuple[Any, ...], learning_rate: Tensor
+    ) -> tuple[Tensor, Any]:
+        """One Adam step on the members' ``(P,)`` losses ``loss(*inputs) -> (losses, aux)``: backward of
+        their sum (each member's gradient is its own), or the compiled step; the losses and aux, detached."""
+        if self.gradient_step is not None:
+            rates = learning_rate.repeat_interleave(self.rows_per_member)
+            with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
+                return self.gradient_step(*inputs, learning_rate=rates)
+        losses, aux = loss(*inputs)
         self.gradients.zero_()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=GRADIENT_LAYOUT_WARNING)
-            loss.sum().backward()
+            losses.sum().backward()
         self.step(learning_rate)
+        return losses.detach(), aux
 
     def step(self, learning_rate: Tensor) -> None:
         """An Adam step on the gradients held; ``learning_rate`` ``(P,)``."""
@@ -271,11 +290,24 @@ class VectorizedOffPolicy(VectorizedPopulation):
         rates = self.hyperparameter_tensors
         return torch.where(torch.isinf(rates[name]), rates["learning_rate"], rates[name])
 
-    def step_critic(self, loss: Tensor) -> None:
-        self.critics.minimise(loss, self.learning_rate("critic_learning_rate"))
+    def compile(self) -> list[str]:
+        """Run the members' two gradient steps compiled from now on, as
+        :meth:`~phalanx.algos.ddpg.EnsembleCriticAlgorithm.compile` does for one run: the critics' and the
+        actors' step of every member, each one graph with a learning rate per member (a tensor input:
+        changing it compiles nothing). The random draws (each member's from its generator), the Polyak
+        steps and SAC's temperature step stay eager."""
+        rule = self.algorithm_class.rule
+        self.critics.compile([self.critic], functools.partial(rule.critic_loss, self))
+        self.actors.compile([self.actor], functools.partial(rule.actor_loss, self))
+        return ["critic update", "actor update"]
 
-    def step_actor(self, loss: Tensor) -> None:
-        self.actors.minimise(loss, self.hyperparameter_tensors["learning_rate"])
+    def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
+        loss = functools.partial(self.algorithm_class.rule.critic_loss, self)
+        return self.critics.minimise(loss, (batch, draws, hp), self.learning_rate("critic_learning_rate"))
+
+    def step_actor(self, obs: Tensor, noise: Tensor | None, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        loss = functools.partial(self.algorithm_class.rule.actor_loss, self)
+        return self.actors.minimise(loss, (obs, noise, hp), self.hyperparameter_tensors["learning_rate"])
 
     def set_critic_grad(self, requires_grad: bool) -> None:
         for parameter in self.critics.parameters:
