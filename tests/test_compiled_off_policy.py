@@ -58,18 +58,6 @@ SETTINGS: dict[str, tuple[type, dict[str, Any], list[str]]] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def room_for_every_graph():
-    """Every GradientStep compiles one code object (``GradientStep.step``), and dynamo counts the graphs
-    of a code object against ``recompile_limit`` (8; fullgraph: a hard error beyond it) unless each
-    ``torch.compile`` isolates its recompiles. This module compiles 9 graphs: it starts and ends with an
-    empty cache, and room for them."""
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(recompile_limit=16):
-        yield
-    torch._dynamo.reset()
-
-
 def random_batch(index: int, discrete: bool) -> ReplayBatch:
     generator = torch.Generator().manual_seed(index)
     if discrete:
