@@ -72,7 +72,14 @@ def assert_same_step(compiled: tuple, eager: tuple, where: str, atol: float = 1e
         torch.testing.assert_close(info[key], eager[4][key], rtol=0, atol=0, msg=f"{key}, {where}")
 
 
-@pytest.fixture(scope="module", params=list(FACTORIES))
+@pytest.fixture(
+    scope="module",
+    # CartPole (float32) and Pendulum (float64) in the default suite; the rest compile under -m slow
+    params=[
+        name if name in ("CartPole", "Pendulum") else pytest.param(name, marks=pytest.mark.slow)
+        for name in FACTORIES
+    ],
+)
 def compiled_env(request: pytest.FixtureRequest) -> tuple[str, BatchedVecEnv]:
     env = FACTORIES[request.param]()
     assert env.compile() == ["env step"]

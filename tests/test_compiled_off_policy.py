@@ -109,7 +109,11 @@ class Pair:
         return tuple(results)
 
 
-@pytest.fixture(scope="module", params=list(SETTINGS))
+@pytest.fixture(
+    scope="module",
+    # SAC (the ensemble-critic rule, actor and alpha) in the default suite; the rest under -m slow
+    params=[name if name == "sac" else pytest.param(name, marks=pytest.mark.slow) for name in SETTINGS],
+)
 def pair(request) -> Pair:
     if PROBLEM is not None:
         pytest.skip(f"cannot compile here: {PROBLEM}")
@@ -235,6 +239,7 @@ def assert_same_members(eager: VectorizedSAC, compiled: VectorizedSAC) -> None:
 
 
 @needs_compile
+@pytest.mark.slow  # two more graphs (VectorizedSAC's critic and actor)
 def test_compiled_population_update_equals_the_eager_one(populations) -> None:
     eager, compiled = populations
     assert eager.updates == compiled.updates > 0
@@ -242,6 +247,7 @@ def test_compiled_population_update_equals_the_eager_one(populations) -> None:
 
 
 @needs_compile
+@pytest.mark.slow  # two more graphs (VectorizedSAC's critic and actor)
 def test_population_states_cross_between_eager_and_compiled(populations) -> None:
     """An eager population's state resumes compiled, and a new learning rate compiles nothing."""
     eager, compiled = populations

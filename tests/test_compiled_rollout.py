@@ -79,12 +79,14 @@ def test_discrete_fused_rollout_matches_eager(cartpole):
     assert_same_rollouts(eager, compiled, exact_actions=True)
 
 
+@pytest.mark.slow  # one more fused graph; the discrete case runs by default
 def test_continuous_fused_rollout_matches_eager(pendulum):
     eager, compiled = pendulum
     assert compiled[0] == ["acting + env step + buffer write"]
     assert_same_rollouts(eager, compiled, exact_actions=False)
 
 
+@pytest.mark.slow  # one more graph
 def test_acting_alone_is_compiled_for_an_env_stepped_outside_torch(tmp_path_factory):
     eager = collected(tmp_path_factory, "gym:CartPole-v1", False)
     compiled = collected(tmp_path_factory, "gym:CartPole-v1", True)

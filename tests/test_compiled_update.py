@@ -152,7 +152,15 @@ class Pair:
         return tuple(results)
 
 
-@pytest.fixture(scope="module", params=["ppo-discrete", "ppo-continuous", "a2c"])
+@pytest.fixture(
+    scope="module",
+    # one compile in the default suite; the other rules under -m slow (each compile is ~10-30 s on 2 cores)
+    params=[
+        "ppo-discrete",
+        pytest.param("ppo-continuous", marks=pytest.mark.slow),
+        pytest.param("a2c", marks=pytest.mark.slow),
+    ],
+)
 def pair(request) -> Pair:
     if PROBLEM is not None:
         pytest.skip(f"cannot compile here: {PROBLEM}")
