@@ -73,8 +73,10 @@ def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None)
 
 
 def config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
-    # Settings that change how fast a run goes, not what it computes, may differ on resume.
+    # Settings that change how fast a run goes, not what it computes, may differ on resume (compile: the
+    # same computation up to float rounding, and checkpoints load in either mode).
     ignored = {
+        "compile",
         "total_steps",
         "run_dir",
         "num_workers",
