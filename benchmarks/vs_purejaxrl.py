@@ -229,6 +229,7 @@ def child_phalanx(
         "anneal_lr": True,
         "entropy_coef": ENTROPY_COEF,
         "clip_range": CLIP,
+        "clip_value": CLIP,  # PureJaxRL clips the value loss with its clip_eps, CleanRL with --clip-vloss
         "max_grad_norm": MAX_GRAD_NORM,
         "hidden_sizes": [64, 64],
         "activation": "tanh",
