@@ -324,6 +324,14 @@ class BatchedBookkeeping(Generic[PerRow]):
         draws them whether or not a row ends, so the random stream does not depend on the episodes."""
         return tuple(self._draw(size) for size in self._draw_sizes())
 
+    def compile(self) -> list[str]:
+        """Switch ``step`` to ``compiled(step_with_noise)``, fed by the eager :meth:`step_noise` (single- and
+        multi-agent simulators alike); idempotent. The compiled step differs from the eager one by float
+        rounding only."""
+        if self._compiled_step is None:
+            self._compiled_step = compiled(self.step_with_noise)
+        return ["env step"]
+
     def _reset_with(self, mask: Tensor, noise: tuple[Tensor, ...]) -> None:
         """``_reset_rows(mask)`` with :meth:`uniform` handing out ``noise`` instead of drawing."""
         self._given_draws = list(noise)
@@ -447,13 +455,6 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
         self.elapsed_steps.masked_fill_(done, 0)
         obs = torch.where(done.view(-1, *([1] * (final_obs.dim() - 1))), self._observe(), final_obs)
         return obs, reward, terminated, truncated, step_info(final_obs, done, episode_return, episode_length)
-
-    def compile(self) -> list[str]:
-        """Switch :meth:`step` to ``compiled(step_with_noise)``, fed by the eager :meth:`step_noise`;
-        idempotent. The compiled step differs from the eager one by float rounding only."""
-        if self._compiled_step is None:
-            self._compiled_step = compiled(self.step_with_noise)
-        return ["env step"]
 
     def _seed_blocks(self, seeds: Sequence[int]) -> None:
         """One generator per block of ``num_envs / len(seeds)`` rows, block b seeded ``seeds[b]``."""

@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from phalanx.compiling import compiled
 from phalanx.envs.core import BatchedBookkeeping, Tensor, as_device, step_info
 from phalanx.errors import ConfigError, EnvError
 
@@ -264,13 +263,6 @@ class BatchedMultiAgentEnv(BatchedBookkeeping[Groups], MultiAgentVecEnv):
         """A ``(num_envs, num_agents, ...)`` tensor over all agents as one view per group."""
         sizes = [group.num_agents for group in self.groups.values()]
         return dict(zip(self.groups, per_agent.split(sizes, dim=1), strict=True))
-
-    def compile(self) -> list[str]:
-        """Switch :meth:`step` to ``compiled(step_with_noise)``, fed by the eager :meth:`step_noise`;
-        idempotent. The compiled step differs from the eager one by float rounding only."""
-        if self._compiled_step is None:
-            self._compiled_step = compiled(self.step_with_noise)
-        return ["env step"]
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from phalanx.algos.base import Algorithm
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.compiling import compile_seconds, should_compile
 from phalanx.config import TrainConfig
-from phalanx.envs.core import BatchedVecEnv, as_device
+from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.registry import get_algorithm
@@ -179,9 +179,8 @@ class Trainer:
         """Switch the training env's step, acting and the update to their compiled paths (torch compiles
         each at its first call); the names of what was compiled, once each. The envs of the evaluations
         stay eager: they step a few episodes now and then, which would not earn a compilation back."""
-        raw_env = self.env.unwrapped  # a wrapper's step calls the raw env's, compiled or not
-        compiled = raw_env.compile() if isinstance(raw_env, BatchedVecEnv) else []
-        compiled += self.worker.compile() + self.algorithm.compile()
+        # the env's whole wrapped step as one graph where it is traceable ([] for envs stepped outside torch)
+        compiled = self.env.compile() + self.worker.compile() + self.algorithm.compile()
         return list(dict.fromkeys(compiled))
 
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
