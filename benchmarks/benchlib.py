@@ -8,17 +8,18 @@ import math
 import os
 import platform
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+FIGURES_DIR = Path(__file__).resolve().parent / "figures"
 
 
 def cpu_model() -> str:
@@ -139,14 +140,16 @@ def sb3_learn_until(
             return keep_going
 
     stop = Stop(reward_threshold=threshold, verbose=0)
-    evaluations: list[tuple[int, float]] = []
+    evaluations: list[list[float]] = []  # the rows of the run's evaluations.csv (EVALUATION_COLUMNS)
 
     class Eval(EvalCallback):
         def _on_step(self) -> bool:
             evaluating = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0
+            weights_time = time.perf_counter() - start  # as phalanx's wall_time_s: when the weights were
             result = super()._on_step()
             if evaluating:
-                evaluations.append((self.num_timesteps, float(self.last_mean_reward)))
+                result_time = time.perf_counter() - start
+                evaluations.append([self.num_timesteps, weights_time, self.last_mean_reward, result_time])
             return result
 
     callback = Eval(
@@ -171,9 +174,67 @@ def sb3_learn_until(
         "train_cpu_s": time.process_time() - cpu_start,
         "budget_steps": budget,
         "evaluations": len(evaluations),
-        "last_eval_return": evaluations[-1][1] if evaluations else None,
+        "last_eval_return": evaluations[-1][2] if evaluations else None,
         "torch_threads": torch.get_num_threads(),
+        "curve": evaluations,
     }
+
+
+PEER_EVALUATION_COLUMNS = ["steps", "wall_time_s", "eval_return_mean", "result_wall_time_s"]
+
+
+def write_peer_run(run_dir: Path, settings: dict[str, Any], curve: list[list[float]]) -> None:
+    """A peer library's run as a directory that ``phalanx plot`` reads like one of phalanx's: config.yaml
+    with ``settings`` (``library``, ``algo``, ``env``, ``seed``, ``hyperparameters``) and evaluations.csv
+    with the rows of ``curve`` (:data:`PEER_EVALUATION_COLUMNS`: the step and wall time of the weights
+    evaluated, the deterministic mean return, when the result was in)."""
+    import csv
+    import io
+
+    import yaml
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(PEER_EVALUATION_COLUMNS)
+    writer.writerows(curve)
+    (run_dir / "evaluations.csv").write_text(text.getvalue())
+
+
+def run_directory(log_dir: Path, name: str) -> Path:
+    """Where a benchmark keeps a run: ``log_dir/runs/NAME`` (``NAME-2`` and so on if taken)."""
+    base = log_dir / "runs" / name
+    candidate, suffix = base, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base.with_name(f"{name}-{suffix}")
+    return candidate
+
+
+def draw_figures(figures: list[dict[str, Any]]) -> list[str]:
+    """Run ``phalanx plot`` once per figure (``runs``: a glob, ``output``, ``x``, ``title``, grouped by
+    library: phalanx against the peer); returns the commands, as a reader would type them."""
+    commands = []
+    for figure in figures:
+        arguments = [
+            "plot",
+            figure["runs"],
+            "--group-by",
+            "library",
+            "--x",
+            figure["x"],
+            "--span",
+            "longest",
+            "--output",
+            str(figure["output"]),
+            "--title",
+            figure["title"],
+        ]
+        subprocess.run([sys.executable, "-m", "phalanx.cli", *arguments], check=True)
+        here = f"{Path.cwd()}/"  # shown relative to where it ran, as typed there
+        commands.append(" ".join(["phalanx", *(shlex.quote(str(a).replace(here, "")) for a in arguments)]))
+    return commands
 
 
 def run_logged(command: list[str], log: Path, timeout: float) -> tuple[int, float]:
@@ -219,10 +280,11 @@ def run_phalanx(
     extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``phalanx train ALGO ENV --stop-return R`` (its shipped preset) in a subprocess; what it measured.
+    Its run directory is kept, without its checkpoints, as ``log_dir/runs/phalanx-ALGO-ENV-sSEED``.
     ``extra_args`` are appended to the command (e.g. ``--config FILE`` with a device and compile setting)."""
 
     name = f"phalanx-{algo}-{env_id}-s{seed}"
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=log_dir)) / "run"
+    run_dir = run_directory(log_dir, name)
     command = [
         sys.executable,
         "-m",
@@ -253,6 +315,7 @@ def run_phalanx(
         "process_s": process_s,
         "process_cpu_s": cpu_s,
         "log": str(log),
+        "run_dir": str(run_dir),
     }
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     # `phalanx train --stop-return R` exits 1 when its budget ran out before R: a result (not reached),
@@ -266,9 +329,7 @@ def run_phalanx(
             "steps": None,
         }
     config = read_yaml(run_dir / "config.yaml")
-    for file in ("summary.json", "metrics.csv", "evaluations.csv", "config.yaml"):  # not the checkpoints
-        shutil.copy(run_dir / file, log_dir / f"{name}-{file}")
-    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the run directory stays, to be plotted
     reached = summary["time_to_stop_return_s"] is not None
     return {
         **base,

@@ -43,6 +43,11 @@ Same protocol on both sides:
   0.16 x 50,000 = 8,000 steps). A run that never reaches R is reported as not reached, with its steps;
   medians count it as infinitely slow.
 
+Runs kept: every run's directory stays under the results folder, ``runs/phalanx-ALGO-ENV-sSEED`` (the
+run directory without its checkpoints) and ``runs/sb3-ALGO-ENV-sSEED`` (SB3's evaluations in the same
+layout: config.yaml with ``library: sb3``, evaluations.csv), for ``phalanx plot RESULTS/runs/*-sac-*
+--group-by library --x time --span longest``.
+
 The benchmark measures and reports; it does not assert a time.
 """
 
@@ -66,10 +71,12 @@ from benchlib import (  # noqa: E402
     machine_info,
     markdown_table,
     median_time,
+    run_directory,
     run_logged,
     run_phalanx,
     sb3_learn_until,
     write_json,
+    write_peer_run,
 )
 
 TASKS: dict[str, dict[str, Any]] = {
@@ -97,6 +104,11 @@ ZOO_DQN = {
     "policy_kwargs": {"net_arch": [256, 256]},
 }
 SB3_BUDGET = {"sac": 50_000, "td3": 50_000, "dqn": 2 * ZOO_DQN["n_timesteps"]}
+SB3_SETTINGS = {
+    "sac": "stable_baselines3.SAC constructor defaults",
+    "td3": "stable_baselines3.TD3 constructor defaults + NormalActionNoise(0, 0.1)",
+    "dqn": {"rl_zoo3_2.9.2": ZOO_DQN, "exploration_fraction_rescaled_to_budget": True},
+}
 
 
 def phalanx_preset(algo: str, env_id: str) -> dict[str, Any]:
@@ -124,8 +136,9 @@ def sb3_model(algo: str, env, seed: int, budget: int):
     return DQN(ZOO_DQN["policy"], env, seed=seed, device="cpu", verbose=0, **hyperparams)
 
 
-def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str, Any]:
-    """One SB3 run in this process; returns what it measured."""
+def sb3_worker(algo: str, seed: int, eval_every: int, threads: int, run_dir: Path) -> dict[str, Any]:
+    """One SB3 run in this process; returns what it measured, and writes its evaluation curve to
+    ``run_dir`` as a run directory that ``phalanx plot`` reads (``library: sb3``)."""
     import torch
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -138,6 +151,10 @@ def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str,
     model = sb3_model(algo, env, seed, budget)
 
     measured = sb3_learn_until(model, eval_env, threshold, eval_every, budget)  # one env: calls = steps
+    settings = {"library": "sb3", "algo": algo, "env": env_id, "seed": seed, "num_envs": 1}
+    settings["total_steps"] = budget
+    settings["sb3_settings"] = SB3_SETTINGS[algo]
+    write_peer_run(run_dir, settings, measured.pop("curve"))
     return {
         "library": "sb3",
         "algo": algo,
@@ -146,6 +163,7 @@ def sb3_worker(algo: str, seed: int, eval_every: int, threads: int) -> dict[str,
         **measured,
         "updates": int(model._n_updates),
         "eval_every": eval_every,
+        "run_dir": str(run_dir),
     }
 
 
@@ -158,6 +176,7 @@ def run_sb3(algo: str, seed: int, eval_every: int, args: argparse.Namespace, log
         str(seed),
         str(eval_every),
         str(args.torch_threads),
+        str(run_directory(log_dir, f"sb3-{algo}-{TASKS[algo]['env']}-s{seed}")),
     ]
     out = log_dir / f"sb3-{algo}-s{seed}.log"
     start = time.perf_counter()
@@ -279,8 +298,8 @@ def _cells(run: dict[str, Any] | None) -> list[Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--sb3-worker":
-        algo, seed, eval_every, threads = argv[1:5]
-        result = sb3_worker(algo, int(seed), int(eval_every), int(threads))
+        algo, seed, eval_every, threads, run_dir = argv[1:6]
+        result = sb3_worker(algo, int(seed), int(eval_every), int(threads), Path(run_dir))
         print("RESULT " + json.dumps(result), flush=True)
         return result
 
@@ -345,11 +364,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "phalanx_presets": presets,
             "sb3_eval_every": sb3_eval_every,
             "sb3_budget_steps": {algo: SB3_BUDGET[algo] for algo in tasks},
-            "sb3_settings": {
-                "sac": "stable_baselines3.SAC constructor defaults",
-                "td3": "stable_baselines3.TD3 constructor defaults + NormalActionNoise(0, 0.1)",
-                "dqn": {"rl_zoo3_2.9.2": ZOO_DQN, "exploration_fraction_rescaled_to_budget": True},
-            },
+            "sb3_settings": SB3_SETTINGS,
             "torch_threads": args.torch_threads or "default",
             "timing": "perf_counter from the start of training to the evaluation that reached the threshold; "
             "imports and construction excluded on both sides",

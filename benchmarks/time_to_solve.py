@@ -3,6 +3,7 @@
     python benchmarks/time_to_solve.py                       # CartPole-v1 and Pendulum-v1, seeds 0..4
     python benchmarks/time_to_solve.py --seeds 3 --envs CartPole-v1
     python benchmarks/time_to_solve.py --json out.json
+    python benchmarks/time_to_solve.py --seeds 3 --envs CartPole-v1 --figures   # + learning-curve figures
 
 Every run is its own subprocess, and the runs go one after another (never two at once), alternating
 libraries seed by seed, so that both see the same machine state:
@@ -47,6 +48,13 @@ Override with ``--sb3-eval-every``.
 Seeds: CartPole-v1's time to 475 varies several-fold from seed to seed for both libraries, and a
 median of 10 seeds moves by 20-30% with the choice of seeds; ``--seeds 30`` gives a steadier figure.
 
+Runs kept: every run's directory stays under the results folder, ``runs/phalanx-ppo-ENV-sSEED`` (the
+run directory without its checkpoints) and ``runs/sb3-ppo-ENV-sSEED`` (SB3's evaluations in the same
+layout: config.yaml with ``library: sb3``, evaluations.csv), so that ``phalanx plot --group-by library``
+draws the two libraries' learning curves over the seeds; ``--figures`` does that for each env, against
+wall time and env steps (the commands are printed and stored in the JSON). A run stops at the threshold,
+so the curves use ``--span longest``: a seed that has stopped holds its last evaluation.
+
 The benchmark measures and reports; it does not assert a time.
 """
 
@@ -65,15 +73,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (  # noqa: E402
+    FIGURES_DIR,
     RESULTS_DIR,
     add_json_option,
+    draw_figures,
     machine_info,
     markdown_table,
     median_time,
+    run_directory,
     run_logged,
     run_phalanx,
     sb3_learn_until,
     write_json,
+    write_peer_run,
 )
 
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
@@ -114,8 +126,11 @@ SB3_EVAL_EVERY = {"CartPole-v1": 4096, "Pendulum-v1": 4096}
 
 
 # -- the runs (each in its own subprocess) ------------------------------------------------------------
-def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, threads: int) -> dict[str, Any]:
-    """One SB3 run in this process; returns what it measured."""
+def sb3_worker(
+    env_id: str, seed: int, budget_factor: float, eval_every: int, threads: int, run_dir: Path
+) -> dict[str, Any]:
+    """One SB3 run in this process; returns what it measured, and writes its evaluation curve to
+    ``run_dir`` as a run directory that ``phalanx plot`` reads (``library: sb3``)."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -144,12 +159,20 @@ def sb3_worker(env_id: str, seed: int, budget_factor: float, eval_every: int, th
     model = PPO(policy, env, seed=seed, device="cpu", verbose=0, **hyperparams)
 
     measured = sb3_learn_until(model, eval_env, threshold, max(eval_every // n_envs, 1), budget)
+    settings = {"library": "sb3", "algo": "ppo", "env": env_id, "seed": seed, "num_envs": n_envs}
+    hyperparameters = {k: v for k, v in ZOO[env_id].items() if k not in ("n_envs", "n_timesteps")}
+    write_peer_run(
+        run_dir,
+        {**settings, "total_steps": budget, "hyperparameters": hyperparameters},
+        measured.pop("curve"),
+    )
     return {
         "library": "sb3",
         "env": env_id,
         "seed": seed,
         **measured,
         "eval_every": max(eval_every // n_envs, 1) * n_envs,
+        "run_dir": str(run_dir),
     }
 
 
@@ -164,6 +187,7 @@ def run_sb3(env_id: str, seed: int, args: argparse.Namespace, log_dir: Path) -> 
         str(args.sb3_budget_factor),
         str(eval_every),
         str(args.torch_threads),
+        str(run_directory(log_dir, f"sb3-ppo-{env_id}-s{seed}")),
     ]
     out = log_dir / f"sb3-{env_id}-s{seed}.log"
     start = time.perf_counter()
@@ -272,11 +296,26 @@ def _cells(run: dict[str, Any] | None) -> list[Any]:
     return [f"{run['time_to_solve_s']:.1f}", f"{run['steps']:,}"]
 
 
+def figures(log_dir: Path, envs: list[str], directory: Path) -> list[dict[str, Any]]:
+    """The learning curves of phalanx's runs and SB3's over the seeds, per env, against wall time and
+    env steps (the runs kept under ``log_dir/runs``)."""
+    return [
+        {
+            "runs": str(log_dir / "runs" / f"*-ppo-{env_id}-s*"),
+            "x": x,
+            "output": directory / f"time_to_solve_{env_id}_{x}.png",
+            "title": f"PPO on {env_id} to {THRESHOLDS[env_id]:g}: phalanx vs SB3 (rl-zoo hyperparameters)",
+        }
+        for env_id in envs
+        for x in ("time", "steps")
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--sb3-worker":
-        env_id, seed, factor, eval_every, threads = argv[1:6]
-        result = sb3_worker(env_id, int(seed), float(factor), int(eval_every), int(threads))
+        env_id, seed, factor, eval_every, threads, run_dir = argv[1:7]
+        result = sb3_worker(env_id, int(seed), float(factor), int(eval_every), int(threads), Path(run_dir))
         print("RESULT " + json.dumps(result), flush=True)
         return result
 
@@ -294,6 +333,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--sb3-eval-every", type=int, default=0, help="SB3 env steps between evaluations")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--figures",
+        nargs="?",
+        const=str(FIGURES_DIR),
+        default=None,
+        metavar="DIR",
+        help="draw the learning curves of the runs, phalanx against SB3 over the seeds, with `phalanx plot` "
+        f"into DIR (no DIR: {FIGURES_DIR.relative_to(FIGURES_DIR.parent.parent)}): "
+        "time_to_solve_ENV_time.png and time_to_solve_ENV_steps.png",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     envs = [e for e in args.envs.split(",") if e]
@@ -340,8 +389,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": runs,
         "summary": summarize(runs, envs),
     }
+    if args.figures is not None:
+        result["figures"] = draw_figures(figures(log_dir, envs, Path(args.figures)))
     print()
     print(tables(result))
+    for command in result.get("figures", []):
+        print(command)
     path = write_json(result, args.json, "time_to_solve")
     print(f"\nwrote {path}")
     return result

@@ -19,8 +19,9 @@ from phalanx.envs.registry import register_env, unregister_env
 from phalanx.errors import ConfigError
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.evaluator import CopiesEvaluator, EvaluationProcess
-from phalanx.train.logging import plot_curve, read_table
+from phalanx.train.logging import read_table
 from phalanx.train.loop import TrainingInterrupted
+from phalanx.train.plots import plot_curve
 from phalanx.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))  # the evaluation process imports the factory by name

@@ -1,4 +1,5 @@
-"""Run logging: metrics.csv, evaluations.csv, TensorBoard, a rich progress display, and the learning curve."""
+"""Run logging: metrics.csv, evaluations.csv, TensorBoard, a rich progress display (the learning curve,
+curve.png, is drawn by :mod:`phalanx.train.plots`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from phalanx.files import append_line, atomic_write, fsync_file, write_text_atomic
+from phalanx.files import append_line, fsync_file, write_text_atomic
 
 TRAINING_COLUMNS = [
     "steps",
@@ -293,54 +294,6 @@ def _tensorboard_tag(key: str) -> str:
     if key in ("wall_time_s", "steps_per_second", "updates_per_second", "episodes", "updates"):
         return f"time/{key}"
     return f"train/{key}"
-
-
-def plot_curve(run_dir: Path, title: str) -> Path | None:
-    """Draw curve.png: the training episodes' mean return (metrics.csv) and the evaluations' (evaluations.csv,
-    at the steps of the weights evaluated) against env steps."""
-    run_dir = Path(run_dir)
-    training = [r for r in read_table(run_dir / "metrics.csv") if "episode_return_mean" in r]
-    evaluations = [r for r in read_table(run_dir / "evaluations.csv") if "eval_return_mean" in r]
-    if not training and not evaluations:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2), dpi=110)
-    if training:
-        steps = [r["steps"] for r in training]
-        axis.plot(
-            steps,
-            [r["episode_return_mean"] for r in training],
-            marker="." if len(steps) == 1 else None,  # a line of one point draws nothing
-            label="training episodes (stochastic)",
-            alpha=0.7,
-        )
-    if evaluations:
-        evaluations.sort(key=lambda r: r["steps"])
-        steps = [r["steps"] for r in evaluations]
-        means = [r["eval_return_mean"] for r in evaluations]
-        stds = [r.get("eval_return_std", 0.0) for r in evaluations]
-        axis.plot(steps, means, marker="o", label="evaluation (deterministic)")
-        axis.fill_between(
-            steps,
-            [m - s for m, s in zip(means, stds, strict=True)],
-            [m + s for m, s in zip(means, stds, strict=True)],
-            alpha=0.2,
-        )
-    axis.set_xlabel("environment steps")
-    axis.set_ylabel("episode return")
-    axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend(loc="lower right")
-    figure.tight_layout()
-    path = Path(run_dir) / "curve.png"
-    with atomic_write(path, "wb") as file:
-        figure.savefig(file, format="png")
-    plt.close(figure)
-    return path
 
 
 class Stopwatch:

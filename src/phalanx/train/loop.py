@@ -26,7 +26,8 @@ from phalanx.config import save_yaml
 from phalanx.train.collection import choose_collection
 from phalanx.train.hooks import Hook, Schedule, check_hooks
 from phalanx.train.interrupts import Insisted, deferred_interrupts
-from phalanx.train.logging import RunLogger, Stopwatch, plot_curve
+from phalanx.train.logging import RunLogger, Stopwatch
+from phalanx.train.plots import plot_curve
 from phalanx.train.summary import write_summary
 
 if TYPE_CHECKING:
