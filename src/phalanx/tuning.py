@@ -599,8 +599,7 @@ class Tuning:
         except ConfigError as error:  # a combination of values that no config takes
             self.fail(trial, f"its values make an invalid config: {error}")
             return
-        target = min(reached + self.interval, base.total_steps)
-        running = _Running(trial, name, config, target)
+        running = _Running(trial, name, config, self.next_target(reached))
         self.running[name] = running
         self.submit(backend, running)
         self.say(
@@ -653,8 +652,14 @@ class Tuning:
             self.write_table(study)
             return
         self.say(f"trial {number}: score {report.score:.2f} at {report.steps:,} steps")
-        running.target = min(running.target + self.interval, total)
+        running.target = self.next_target(report.steps)
         self.submit(backend, running)
+
+    def next_target(self, steps: int) -> int:
+        """The next chunk's step target: the first multiple of the interval past ``steps`` (a chunk that
+        overshot its target, a rollout being larger than the interval, skips the targets it passed), at
+        most the budget. Every trial reports at these same steps, so the pruner compares like with like."""
+        return min((steps // self.interval + 1) * self.interval, self.config.base.total_steps)
 
     def fail(self, trial: Any, why: str) -> None:
         trial.set_user_attr("error", why)
