@@ -45,6 +45,7 @@ _EXPORTS = {
     "register_env": "phalanx.envs.registry",
     "resume": "phalanx.train.entry",
     "train": "phalanx.train.entry",
+    "tune": "phalanx.tuning",
 }
 
 __all__ = sorted([*_EXPORTS, "marl"])
