@@ -305,8 +305,9 @@ class Trainer:
         tracker, if there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
         if self.tracker is None:
             return train(self, hooks)
+        hooks = check_hooks(hooks)
         try:
-            return train(self, [*check_hooks(hooks), self.tracker])
+            return train(self, [*hooks, self.tracker])
         except BaseException as error:
             self.tracker.finish(error)
             raise
