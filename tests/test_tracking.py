@@ -271,6 +271,28 @@ def test_ctrl_c_and_an_error_end_the_wandb_run_with_what_happened(tmp_path, algo
     assert rows == [row["steps"] for row in read_table(run_dir / "metrics.csv")]
 
 
+class BreaksWandb(phalanx.Hook):
+    """At the 4th iteration, the W&B run's log starts failing (as when wandb's service process died)."""
+
+    def after_iteration(self, trainer):
+        if trainer.steps == 4 * ROLLOUT:
+
+            def log(values):
+                raise BrokenPipeError("the wandb service is gone")
+
+            trainer.tracker.run.log = log
+
+
+def test_a_wandb_call_that_fails_while_training_ends_the_tracking_not_the_training(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.warns(UserWarning, match="W&B tracking of .* stopped: BrokenPipeError.*Training goes on"):
+        result = phalanx.train(tiny(run_dir, eval_every=0), hooks=[BreaksWandb()], show_progress=False)
+    assert result.summary["total_steps"] == 16 * ROLLOUT and result.summary["error"] is None
+    (run,) = offline_runs(run_dir)
+    assert run.exit_code == 1  # failed: the W&B run holds the rows up to the break only
+    assert [e["steps"] for e in run.history if "time/steps_per_second" in e] == [ROLLOUT, 2 * ROLLOUT]
+
+
 # -- a tracker that cannot start ---------------------------------------------------------------------
 @pytest.fixture
 def not_logged_in(monkeypatch):
