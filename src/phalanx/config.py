@@ -30,6 +30,11 @@ from phalanx.errors import ConfigError, EnvError
 from phalanx.files import write_text_atomic
 from phalanx.registry import algorithm_names, canonical_name, config_class, get_algorithm
 
+TRACKERS = ("wandb",)
+"""The experiment trackers a run can log to (``TrainConfig.track``), besides TensorBoard."""
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+"""Characters W&B refuses in a project name."""
+
 
 @dataclass
 class AlgoConfig:
@@ -124,6 +129,17 @@ class TrainConfig:
     """Scale rewards by the running standard deviation of the discounted return."""
     log_every: int = 10_000
     """Environment steps between rows of metrics.csv and console updates."""
+    track: str | None = None
+    """Experiment tracker that the run also logs to: wandb (Weights & Biases, the `wandb` extra; see
+    docs/tracking.md), or null: none. metrics.csv, evaluations.csv and TensorBoard are written either way."""
+    wandb_project: str | None = None
+    """With track wandb: the W&B project (null: WANDB_PROJECT if it is set, else phalanx)."""
+    wandb_entity: str | None = None
+    """With track wandb: the W&B entity, a user or team (null: WANDB_ENTITY if it is set, else your
+    default entity)."""
+    track_optional: bool = False
+    """With track: if the tracker cannot start (not installed, not logged in, unreachable), train
+    without it after a warning, instead of stopping with an error before the run starts."""
     save_buffer: bool = False
     """Include the replay buffer in checkpoints (off-policy), so that a resume continues exactly."""
     torch_threads: int = 0
@@ -191,7 +207,40 @@ class TrainConfig:
         self._check_count("log_every", 1)
         self._check_count("torch_threads", 0)
         check(self.compile in (None, True, False), "compile", self.compile, "true, false or null (auto)")
+        self._check_tracking()
         self.hyperparameters.validate(self)
+
+    def _check_tracking(self) -> None:
+        """track names a tracker, and the W&B settings are set only for W&B, with names W&B takes."""
+        check(
+            self.track is None or self.track in TRACKERS,
+            "track",
+            self.track,
+            f"one of {', '.join(TRACKERS)}, or null for none (TensorBoard is always written)",
+        )
+        for name in ("wandb_project", "wandb_entity"):
+            value = getattr(self, name)
+            if value is not None and self.track != "wandb":
+                raise ConfigError(
+                    f"{name} = {value!r} is a Weights & Biases setting, but track = {self.track!r}: "
+                    f"nothing would log to W&B. Add --track wandb, or drop --{name.replace('_', '-')}."
+                )
+            check(
+                value is None or (isinstance(value, str) and 0 < len(value) <= 128),
+                name,
+                value,
+                "a W&B name of 1 to 128 characters, or null",
+            )
+        if self.wandb_project is not None:
+            forbidden = sorted(set(self.wandb_project) & set(WANDB_PROJECT_FORBIDDEN))
+            check(
+                not forbidden,
+                "wandb_project",
+                self.wandb_project,
+                f"a W&B project name, without {' '.join(WANDB_PROJECT_FORBIDDEN)} "
+                f"(found {' '.join(forbidden)})",
+            )
+        check(self.track_optional in (True, False), "track_optional", self.track_optional, "true or false")
 
     def _check_count(self, name: str, minimum: int, expected: str | None = None) -> None:
         """The field ``name`` is an integer >= ``minimum`` (``expected``: what the error says it must be)."""

@@ -282,6 +282,13 @@ class PopulationConfig:
         self.resources.validate()
         if self.backend == "vectorized":
             batched = vectorized_population(self.base.algo).member_hyperparameters
+            if self.base.track is not None:
+                raise ConfigError(
+                    f"track = {self.base.track!r} is not supported by backend 'vectorized': its members "
+                    "train as one batched run, without run directories, metrics.csv or evaluations of their "
+                    "own to log. Use --backend process (or serial, ray), where each member is an ordinary "
+                    "run and logs a W&B run of its own, grouped by population; or drop --track."
+                )
             fixed = sorted(set(self.mutations) - set(batched))
             if fixed:
                 raise ConfigError(

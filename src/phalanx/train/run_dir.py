@@ -74,9 +74,14 @@ def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None)
 
 def config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
     # Settings that change how fast a run goes, not what it computes, may differ on resume (compile: the
-    # same computation up to float rounding, and checkpoints load in either mode).
+    # same computation up to float rounding, and checkpoints load in either mode), and so may where it is
+    # tracked (a resumed run's W&B run continues from the id in its run directory).
     ignored = {
         "compile",
+        "track",
+        "wandb_project",
+        "wandb_entity",
+        "track_optional",
         "total_steps",
         "run_dir",
         "num_workers",

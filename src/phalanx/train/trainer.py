@@ -28,11 +28,12 @@ from phalanx.train.collection import Agreement, Collection, GroupAgreement
 from phalanx.train.environments import EVAL_SEED_OFFSET, build_env, picklable_factory, space_spec, to_device
 from phalanx.train.evaluations import Evaluations
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
-from phalanx.train.hooks import Checkpoints, Hook, Logging, Schedule, StopAtReturn
+from phalanx.train.hooks import Checkpoints, Hook, Logging, Schedule, StopAtReturn, check_hooks
 from phalanx.train.learner import Learner, LearnerGroup, StatisticsSync
 from phalanx.train.logging import Stopwatch
 from phalanx.train.loop import TrainResult, train
 from phalanx.train.run_dir import create_run_dir
+from phalanx.train.tracking import WandbTracker, start_tracking
 from phalanx.train.worker import Worker
 
 
@@ -66,6 +67,7 @@ class Trainer:
         self.env = self.eval_env = None
         self.evaluator: Evaluator | EvaluationProcess | None = None  # learner 0's
         self.eval_process: EvaluationProcess | None = None  # the evaluator, when it is a process
+        self.tracker: WandbTracker | None = None  # learner 0's, with config.track (train.tracking)
         # Ctrl+C (or a population's request) to stop at the loop's next safe point (train.interrupts)
         self.stop_requested = group.interrupted if group is not None else threading.Event()
         if group is None and config.num_learners > 1:
@@ -152,6 +154,8 @@ class Trainer:
         if group is not None:
             self.run_dir = Path(group.broadcast(str(self.run_dir) if self.is_main else None))
         self.config.run_dir = str(self.run_dir)
+        if self.is_main:  # a tracker that cannot start stops the run here, before it trains
+            self.tracker = start_tracking(config, self.run_dir, created=run_dir is None)
         self.checkpoints = CheckpointManager(self.run_dir, keep=config.keep_checkpoints)
         self.show_progress = show_progress and self.is_main
 
@@ -283,9 +287,12 @@ class Trainer:
             return self.checkpoints.save(self.steps, {**self.state_dict(), "learner_shards": shards[1:]})
 
     def close(self) -> None:
-        """Close the envs (and stop their worker processes); the run directory stays as it is.
+        """End the tracker's run, close the envs (and stop their worker processes); the run directory stays
+        as it is.
 
         In a group the learners may close at different times: nothing here waits for the others."""
+        if self.tracker is not None:
+            self.tracker.finish()
         for env in (self.env, self.eval_env):
             if env is not None:
                 env.close()
@@ -294,8 +301,16 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self, hooks: Sequence[Hook] = ()) -> TrainResult:
-        """Train to ``total_steps``, or until a hook stops the run (:func:`phalanx.train.loop.train`)."""
-        return train(self, hooks)
+        """Train to ``total_steps``, or until a hook stops the run (:func:`phalanx.train.loop.train`); the
+        tracker, if there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
+        if self.tracker is None:
+            return train(self, hooks)
+        hooks = check_hooks(hooks)
+        try:
+            return train(self, [*hooks, self.tracker])
+        except BaseException as error:
+            self.tracker.finish(error)
+            raise
 
     def stop(self, reason: str) -> None:
         """A hook's request: end the run after this iteration, as a spent budget does (``reason`` is
