@@ -110,11 +110,14 @@ class MultiAgentAlgorithm(Algorithm):
 
 def with_agent_ids(x: Tensor, enabled: bool = True) -> Tensor:
     """``(N, A, D)`` inputs with each agent's one-hot id appended, ``(N, A, D + A)`` (parameter sharing
-    tells agents apart by it); ``x`` itself when ``enabled`` is false or there is one agent."""
+    tells agents apart by it); ``x`` itself when ``enabled`` is false or there is one agent.
+
+    The ids are made from ``x`` (``ones_like``), not with ``device=x.device``: a traced policy (export)
+    would hold that device as a constant and fail on another one."""
     num_agents = x.shape[-2]
     if not enabled or num_agents == 1:
         return x
-    ids = torch.eye(num_agents, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], num_agents)
+    ids = torch.diag_embed(torch.ones_like(x[..., 0]))  # (N, A, A), the identity for every row
     return torch.cat((x, ids), dim=-1)
 
 
