@@ -37,6 +37,7 @@ _EXPORTS = {
     "VecEnv": "phalanx.envs.core",
     "check_vec_env": "phalanx.envs.check",
     "evaluate": "phalanx.agent",
+    "export": "phalanx.exporting",
     "list_envs": "phalanx.envs.registry",
     "load_agent": "phalanx.agent",
     "make_config": "phalanx.config",

@@ -34,6 +34,7 @@ from phalanx.config import TrainConfig, coerce, import_modules, load_yaml, make_
 from phalanx.envs.check import check_vec_env
 from phalanx.envs.registry import BACKENDS, list_envs, load_factory, make_env
 from phalanx.errors import PhalanxError
+from phalanx.exporting import FORMATS, export
 from phalanx.files import write_text_atomic
 from phalanx.finance.metrics import METRIC_NAMES
 from phalanx.marl.registry import list_multi_agent_envs
@@ -62,6 +63,8 @@ commands:
   resume RUN_DIR [--total-steps N] continue a run from its latest checkpoint
   backtest RUN_DIR [--start DATE] [--end DATE] [--checkpoint best|latest|PATH]
                                    out-of-sample backtest of a stock trading agent
+  export RUN_DIR [--format onnx|torchscript] [--checkpoint best|latest|PATH] [--output FILE]
+                 [--stochastic]    write the policy as a self-contained ONNX or TorchScript file
   envs                             list the environment ids
   check-env MODULE:FACTORY|ENV [--import MODULE] [--num-envs N] [--device D] [--steps N]
                                    check that your VecEnv follows the contract
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": cmd_eval,
         "resume": cmd_resume,
         "backtest": cmd_backtest,
+        "export": cmd_export,
         "envs": cmd_envs,
         "check-env": cmd_check_env,
         "population": cmd_population,
@@ -423,6 +427,40 @@ def cmd_backtest(argv: list[str]) -> int:
     for note in result.notes:
         out.print(escape(note), highlight=False)
     out.print(f"written: {result.out_dir}", highlight=False, soft_wrap=True)  # a new folder, path whole
+    return 0
+
+
+# -- export ---------------------------------------------------------------------------------------
+def cmd_export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="phalanx export",
+        description="Write a trained policy as one self-contained file that runs without phalanx: raw "
+        "observations (a float32 batch) in, actions in the env's action space out, with the observation "
+        "normalisation and the action rescaling inside. ONNX runs with onnxruntime (pip install "
+        "'phalanx[export]'), TorchScript with torch.jit.load. A multi-agent run gives one file per agent "
+        "group. See docs/export.md.",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("--format", default="onnx", help=f"{' or '.join(FORMATS)} (default: onnx)")
+    parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="the file to write (default: RUN_DIR/export/policy.onnx, policy.pt for TorchScript; "
+        "policy_<group>.onnx per agent group)",
+    )
+    parser.add_argument(
+        "--stochastic",
+        action="store_true",
+        help="export the sampling policy: the random draw is a second input, noise (see docs/export.md)",
+    )
+    args = parser.parse_args(argv)
+    written = export(args.run_dir, args.format, args.checkpoint, args.output, args.stochastic)
+    paths = written if isinstance(written, dict) else {"": written}
+    out = Console()
+    for group, path in paths.items():
+        label = f"agent group {group}: " if group else ""
+        out.print(f"written: {label}{path}", highlight=False, soft_wrap=True)
     return 0
 
 

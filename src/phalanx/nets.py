@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import gymnasium as gym
@@ -216,6 +217,16 @@ def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int
 # -- policies and values -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ActionNoise:
+    """The random draw of one sampled action, per observation row: ``size`` float values, uniform in
+    [0, 1) (``distribution`` "uniform") or standard normal ("normal"). A policy that samples from a
+    given draw (``sample(obs, noise=...)``) is a function of tensors, so that it can be exported."""
+
+    distribution: str
+    size: int
+
+
 def _log_softmax_actions_first(logits: Tensor) -> Tensor:
     """Log-probabilities ``(A, B...)`` of logits ``(B..., A)``: ``log_softmax(logits, -1)``, actions first.
 
@@ -243,6 +254,11 @@ class CategoricalPolicy(nn.Module):
     def forward(self, obs: Tensor) -> Tensor:
         """Logits ``(B, num_actions)`` of observations ``(B, obs_dim)``."""
         return self.logits_net(obs)
+
+    @property
+    def action_noise(self) -> ActionNoise:
+        """What :meth:`draw_noise` draws per observation row."""
+        return ActionNoise("uniform", self.num_actions)
 
     def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: uniform noise ``(B, A)``,
@@ -315,6 +331,11 @@ class GaussianPolicy(nn.Module):
         """``(mean, log_std)``, both ``(B, action_dim)`` (``log_std`` an expanded view)."""
         mean = self.mean_net(obs)
         return mean, self.log_std.expand_as(mean)
+
+    @property
+    def action_noise(self) -> ActionNoise:
+        """What :meth:`draw_noise` draws per observation row."""
+        return ActionNoise("normal", self.action_dim)
 
     def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: standard normal noise

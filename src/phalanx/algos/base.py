@@ -4,7 +4,8 @@ An algorithm knows observation and action *spaces*, never environments (DESIGN.m
 networks and optimisers and exposes:
 
 - ``act(obs, deterministic)``: actions in the normalised action space ([-1, 1] for Box), for
-  evaluation and deployment;
+  evaluation and deployment; ``acting_module(stochastic)``: the same as an :class:`ActingModule`, a
+  module of tensors alone, for export (TorchScript, ONNX);
 - ``explore``: actions for collection, one signature per kind (:class:`OnPolicy`, :class:`OffPolicy`);
   an off-policy algorithm explores with an :class:`ExplorationPolicy`, a module the pipeline's worker
   thread copies and refreshes by its tensors;
@@ -28,6 +29,7 @@ from torch import nn
 
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.errors import ConfigError
+from phalanx.nets import ActionNoise
 from phalanx.optim import clip_grad_norm, gradients
 
 
@@ -94,6 +96,35 @@ class ExplorationPolicy(nn.Module):
         return [tensor.data for tensor in self.parameters()] + list(self.buffers())
 
 
+class ActingModule(nn.Module):
+    """What an algorithm's ``act`` computes, as a module of tensors alone: no Python state, no random
+    draws, the networks held as submodules (so that tracing for TorchScript or ONNX records their
+    weights as parameters, not as constants).
+
+    ``forward(obs)`` gives the deterministic actions of ``act(obs)`` in the normalised action space
+    ([-1, 1] for Box). A stochastic module (:attr:`noise` set) takes the random draw as its last input,
+    ``noise`` ``(B, noise.size)`` distributed as :attr:`noise` says, and gives the action that
+    ``act(obs, deterministic=False)`` samples with that draw. A multi-agent module acts for the agents
+    of one group: inputs and actions ``(B, A_g, ...)``, with an ``action_mask`` ``(B, A_g, n)`` input
+    where the algorithm applies the env's masks. :attr:`inputs` names ``forward``'s inputs in order.
+    The module shares the algorithm's networks (a copy of it copies them).
+    """
+
+    def __init__(self, noise: ActionNoise | None = None, action_mask: bool = False) -> None:
+        super().__init__()
+        self.noise = noise
+        self.inputs = ("obs", *(("action_mask",) if action_mask else ()), *(("noise",) if noise else ()))
+
+
+def no_stochastic_policy(algorithm: str, why: str) -> ConfigError:
+    """The error of asking ``algorithm``, whose acting policy is deterministic (``why``), for a stochastic
+    acting module."""
+    return ConfigError(
+        f"{algorithm} has no stochastic policy to export: {why}. Export its deterministic policy (leave "
+        "out --stochastic / stochastic=True)."
+    )
+
+
 class SideBySide:
     """k agents as one actor: agent i acts on its own block of ``len(obs) / k`` rows."""
 
@@ -149,6 +180,14 @@ class Algorithm:
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         raise NotImplementedError
+
+    def acting_module(self, stochastic: bool = False) -> ActingModule:
+        """:meth:`act` as an :class:`ActingModule`: deterministic, or (``stochastic``) sampling from a
+        given draw; a ConfigError where the algorithm's policy is deterministic."""
+        raise ConfigError(
+            f"{self.name} defines no acting_module(), which export needs: return an ActingModule that "
+            "computes its act() from tensors alone."
+        )
 
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> SideBySide | Any:

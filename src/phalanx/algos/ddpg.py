@@ -35,7 +35,14 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
+from phalanx.algos.base import (
+    ActingModule,
+    ExplorationPolicy,
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    PolyakPair,
+    no_stochastic_policy,
+)
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
@@ -388,6 +395,17 @@ class GaussianExploration(ExplorationPolicy):
         return (actions + self.noise * torch.randn_like(actions)).clamp(-1.0, 1.0)
 
 
+class ActorActing(ActingModule):
+    """DDPG's and TD3's acting: the deterministic actor's action."""
+
+    def __init__(self, actor: nn.Module) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)
+
+
 class DDPG(EnsembleCriticAlgorithm):
     """A deterministic tanh actor with a target copy; Gaussian exploration noise."""
 
@@ -411,6 +429,13 @@ class DDPG(EnsembleCriticAlgorithm):
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor(obs)
+
+    def acting_module(self, stochastic: bool = False) -> ActorActing:
+        if stochastic:
+            raise no_stochastic_policy(
+                self.name, "its actor is deterministic (Gaussian exploration noise is for training only)"
+            )
+        return ActorActing(self.actor)
 
     def exploration_policy(self) -> GaussianExploration:
         return self.exploration

@@ -19,7 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import ExplorationPolicy, OffPolicyAlgorithm, OffPolicyConfig, PolyakPair
+from phalanx.algos.base import (
+    ActingModule,
+    ExplorationPolicy,
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    PolyakPair,
+    no_stochastic_policy,
+)
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import activation_class, layer_init, mlp, obs_dim
@@ -111,6 +118,17 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
 
 
+class GreedyActing(ActingModule):
+    """DQN's acting: the action of the largest Q-value."""
+
+    def __init__(self, q_network: nn.Module) -> None:
+        super().__init__()
+        self.q_network = q_network
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q_network(obs).argmax(dim=-1)
+
+
 class EpsilonSchedule:
     """Epsilon after ``steps`` env steps: linear from ``exploration_initial`` to ``exploration_final``
     over ``exploration_steps``, then constant (absolute steps, so a resume keeps the schedule)."""
@@ -181,6 +199,14 @@ class DQN(OffPolicyAlgorithm):
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.q_network(obs).argmax(dim=1)
+
+    def acting_module(self, stochastic: bool = False) -> GreedyActing:
+        if stochastic:
+            raise no_stochastic_policy(
+                self.name,
+                "it acts greedily on its Q-values (epsilon-greedy exploration is for training only)",
+            )
+        return GreedyActing(self.q_network)
 
     def compile(self) -> list[str]:
         """Run :meth:`update`'s gradient step (TD target, Huber loss, gradient, clipping, Adam) as one

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import torch
 
-from phalanx.algos.base import Algorithm
+from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
@@ -39,6 +39,21 @@ Hyperparameter = float | Tensor
 act on every sample (``clip_range``, ``clip_value``, broadcasting over the samples), ``(P,)`` for those
 that weigh the members' losses (``value_coef``, ``entropy_coef``). Float64 as a Python float is; the
 rule casts it to the samples' dtype where it uses it."""
+
+
+class PolicyHeadActing(ActingModule):
+    """The acting of a categorical or Gaussian policy head (PPO, A2C, each MAPPO unit): its argmax or
+    mean, or (stochastic) the action :meth:`~phalanx.nets.CategoricalPolicy.sample` draws from ``noise``
+    (uniform noise for the Gumbel-max trick; standard normal noise scaled by the standard deviation)."""
+
+    def __init__(self, policy: CategoricalPolicy | GaussianPolicy, stochastic: bool = False) -> None:
+        super().__init__(policy.action_noise if stochastic else None)
+        self.policy = policy
+
+    def forward(self, obs: Tensor, noise: Tensor | None = None) -> Tensor:
+        if noise is None:
+            return self.policy.deterministic_action(obs)
+        return self.policy.sample(obs, noise=noise)[0]
 
 
 @dataclass
@@ -323,6 +338,9 @@ class PPO(Algorithm):
             return self.policy.deterministic_action(obs)
         actions, _ = self.policy.sample(obs)
         return actions
+
+    def acting_module(self, stochastic: bool = False) -> PolicyHeadActing:
+        return PolicyHeadActing(self.policy, stochastic)
 
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> MemberActor:

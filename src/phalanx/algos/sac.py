@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import ExplorationPolicy
+from phalanx.algos.base import ActingModule, ExplorationPolicy
 from phalanx.algos.ddpg import (
     GLOBAL_DRAWS,
     Draws,
@@ -34,7 +34,7 @@ from phalanx.algos.ddpg import (
     reduce_critics,
 )
 from phalanx.config import TrainConfig, check
-from phalanx.nets import mlp
+from phalanx.nets import ActionNoise, mlp
 from phalanx.optim import make_adam
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -113,6 +113,21 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(self(obs)[0])
 
 
+class SquashedGaussianActing(ActingModule):
+    """SAC's acting: ``tanh`` of the mean, or (stochastic) of the Gaussian sample ``mean + std * noise``
+    for standard normal ``noise`` ``(B, action_dim)``, the action :meth:`SquashedGaussianActor.sample`
+    gives."""
+
+    def __init__(self, actor: SquashedGaussianActor, action_dim: int, stochastic: bool = False) -> None:
+        super().__init__(ActionNoise("normal", action_dim) if stochastic else None)
+        self.actor = actor
+
+    def forward(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        if noise is None:
+            return self.actor.deterministic(obs)
+        return self.actor.sample(obs, noise)[0]
+
+
 class SampledExploration(ExplorationPolicy):
     """SAC's exploration: an action sampled from the squashed Gaussian actor."""
 
@@ -188,6 +203,9 @@ class SAC(EnsembleCriticAlgorithm):
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor.deterministic(obs) if deterministic else self.actor.sample_action(obs)
+
+    def acting_module(self, stochastic: bool = False) -> SquashedGaussianActing:
+        return SquashedGaussianActing(self.actor, self.action_dim, stochastic)
 
     def exploration_policy(self) -> SampledExploration:
         return self.exploration

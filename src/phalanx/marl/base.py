@@ -9,8 +9,9 @@ are in the normalised space [-1, 1] and the worker rescales them to the env's bo
 On-policy (MAPPO, IPPO) and off-policy (MADDPG, MATD3, QMIX, VDN) algorithms are what
 :class:`MultiAgentOnPolicy` and :class:`MultiAgentOffPolicy` say, the multi-agent forms of
 :class:`phalanx.algos.base.OnPolicy` and :class:`~phalanx.algos.base.OffPolicy`. Both ``act`` for
-evaluation and deployment (decentralised execution: each agent acts on its own observation); their
-``state_dict`` / ``load_state_dict`` are :class:`~phalanx.algos.base.Algorithm`'s.
+evaluation and deployment (decentralised execution: each agent acts on its own observation), and
+``group_acting_module`` gives one group's ``act`` as an :class:`~phalanx.algos.base.ActingModule` (for
+export); their ``state_dict`` / ``load_state_dict`` are :class:`~phalanx.algos.base.Algorithm`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import gymnasium as gym
 import torch
 
-from phalanx.algos.base import Algorithm
+from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.config import AlgoConfig
 from phalanx.errors import ConfigError
 from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec, Tensor
@@ -97,14 +98,26 @@ class MultiAgentAlgorithm(Algorithm):
     def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
         raise NotImplementedError
 
+    def group_acting_module(self, group: str, stochastic: bool = False) -> ActingModule:
+        """What :meth:`act` computes for the agents of ``group``, as an :class:`ActingModule`: observations
+        ``(B, A_g, obs_dim)`` (and the group's ``action_mask`` ``(B, A_g, n)`` where the algorithm applies
+        masks) to actions ``(B, A_g[, act_dim])``; a ConfigError where the policy is deterministic."""
+        raise ConfigError(
+            f"{self.name} defines no group_acting_module(), which export needs: return an ActingModule "
+            "that computes one group's act() from tensors alone."
+        )
+
 
 def with_agent_ids(x: Tensor, enabled: bool = True) -> Tensor:
     """``(N, A, D)`` inputs with each agent's one-hot id appended, ``(N, A, D + A)`` (parameter sharing
-    tells agents apart by it); ``x`` itself when ``enabled`` is false or there is one agent."""
+    tells agents apart by it); ``x`` itself when ``enabled`` is false or there is one agent.
+
+    The ids are made from ``x`` (``ones_like``), not with ``device=x.device``: a traced policy (export)
+    would hold that device as a constant and fail on another one."""
     num_agents = x.shape[-2]
     if not enabled or num_agents == 1:
         return x
-    ids = torch.eye(num_agents, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], num_agents)
+    ids = torch.diag_embed(torch.ones_like(x[..., 0]))  # (N, A, A), the identity for every row
     return torch.cat((x, ids), dim=-1)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from phalanx.algos.base import PolyakPair
+from phalanx.algos.base import ActingModule, PolyakPair, no_stochastic_policy
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
 from phalanx.marl.base import (
@@ -100,6 +100,18 @@ class GroupNets(nn.Module):
         return out.view(self.num_nets, agents, batch, -1).transpose(1, 2)  # (K, B, A, out)
 
 
+class GroupActorActing(ActingModule):
+    """MADDPG's and MATD3's acting for one agent group: each agent's deterministic tanh action from its
+    own observation, ``(B, A_g, obs_dim)`` to ``(B, A_g, act_dim)`` in [-1, 1]."""
+
+    def __init__(self, actor: GroupNets) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.actor(obs)[0])
+
+
 class MADDPG(MultiAgentAlgorithm):
     """Deterministic tanh actors per group, critics on the global state and every agent's action."""
 
@@ -149,6 +161,13 @@ class MADDPG(MultiAgentAlgorithm):
     @torch.no_grad()
     def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
         return self.policy(self.actor, obs)
+
+    def group_acting_module(self, group: str, stochastic: bool = False) -> GroupActorActing:
+        if stochastic:
+            raise no_stochastic_policy(
+                self.name, "its actors are deterministic (Gaussian exploration noise is for training only)"
+            )
+        return GroupActorActing(self.actor[group])
 
     @torch.no_grad()
     def explore(self, obs: Groups, state: Tensor, action_mask: Groups | None, steps: int) -> Groups:

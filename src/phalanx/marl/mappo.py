@@ -25,8 +25,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
-from phalanx.algos.ppo import PPO, PPOConfig
+from phalanx.algos.base import ActingModule
+from phalanx.algos.ppo import PPO, PolicyHeadActing, PPOConfig
 from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError
 from phalanx.marl.base import (
@@ -104,6 +106,28 @@ class _UnitRollout:
     dones: Tensor
 
 
+class GroupPolicyActing(ActingModule):
+    """MAPPO's and IPPO's acting for one agent group: each unit's policy head acts on its agents'
+    observations (with their ids when shared), ``(B, A_g, obs_dim)`` to ``(B, A_g[, act_dim])``; the
+    stochastic one takes noise ``(B, A_g, size)``, agent a's draw in ``noise[:, a]``."""
+
+    def __init__(self, units: list[_Unit], stochastic: bool = False) -> None:
+        heads = [PolicyHeadActing(unit.ppo.policy, stochastic) for unit in units]
+        super().__init__(heads[0].noise)
+        self.heads = nn.ModuleList(heads)
+        self.agents = [unit.agents for unit in units]
+        self.with_ids = [unit.with_ids for unit in units]
+
+    def forward(self, obs: Tensor, noise: Tensor | None = None) -> Tensor:
+        parts = []
+        for head, agents, with_ids in zip(self.heads, self.agents, self.with_ids, strict=True):
+            inputs = with_agent_ids(obs, with_ids)[..., agents, :]  # (B, A_u, D)
+            draw = None if noise is None else noise[:, agents].flatten(0, 1)
+            actions = head(inputs.flatten(0, 1), draw)
+            parts.append(actions.view(*inputs.shape[:2], *actions.shape[1:]))
+        return torch.cat(parts, dim=1)
+
+
 class MAPPO(MultiAgentAlgorithm):
     name = "mappo"
     config_class = MAPPOConfig
@@ -177,6 +201,9 @@ class MAPPO(MultiAgentAlgorithm):
                 actions, _ = unit.ppo.policy.sample(flat)
             parts[unit.group].append(actions.view(*inputs.shape[:2], *actions.shape[1:]))
         return {name: torch.cat(actions, dim=1) for name, actions in parts.items()}
+
+    def group_acting_module(self, group: str, stochastic: bool = False) -> GroupPolicyActing:
+        return GroupPolicyActing([unit for unit in self.units if unit.group == group], stochastic)
 
     # -- learning --------------------------------------------------------------------------------
     def update(self, rollout: MultiAgentRollout, progress: float) -> dict[str, Tensor]:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.algos.base import PolyakPair
+from phalanx.algos.base import ActingModule, PolyakPair, no_stochastic_policy
 from phalanx.algos.dqn import DQNConfig, EpsilonSchedule, QNetwork
 from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
@@ -179,6 +179,19 @@ def masked_argmax(q_values: Tensor, mask: Tensor | None) -> Tensor:
     return q_values.argmax(dim=-1)
 
 
+class GreedyAgentsActing(ActingModule):
+    """QMIX's and VDN's acting for one agent group: each agent's greedy action on its own Q-values,
+    among the allowed ones where the env has action masks (``action_mask`` ``(B, A_g, n)``, true where
+    allowed)."""
+
+    def __init__(self, q_network: AgentQNetworks, masked: bool) -> None:
+        super().__init__(action_mask=masked)
+        self.q_network = q_network
+
+    def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> Tensor:
+        return masked_argmax(self.q_network(obs), action_mask)
+
+
 class QMIX(MultiAgentAlgorithm):
     """QMIX for every agent group of a multi-agent env with Discrete actions (see the module docstring)."""
 
@@ -249,6 +262,14 @@ class QMIX(MultiAgentAlgorithm):
             name: masked_argmax(q_network(obs[name]), None if action_mask is None else action_mask.get(name))
             for name, q_network in self.q_networks.items()
         }
+
+    def group_acting_module(self, group: str, stochastic: bool = False) -> GreedyAgentsActing:
+        if stochastic:
+            raise no_stochastic_policy(
+                self.name,
+                "its agents act greedily on their Q-values (epsilon-greedy exploration is for training only)",
+            )
+        return GreedyAgentsActing(self.q_networks[group], self.spec.has_action_mask)
 
     # -- learning ----------------------------------------------------------------------------------
     def update(self, batch: MultiAgentBatch, progress: float) -> dict[str, Tensor]:
