@@ -57,7 +57,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("train", "train.*", "marl.trainer")),
     (
         "applications",
-        ("population", "population.*", "agent", "marl", "marl.agent", "backtesting", "video", "exporting", "tuning"),
+        (
+            "population",
+            "population.*",
+            "agent",
+            "marl",
+            "marl.agent",
+            "backtesting",
+            "video",
+            "exporting",
+            "tuning",
+        ),
     ),
     ("entry points", ("cli", "__main__", "")),
 ]

@@ -776,6 +776,9 @@ def cmd_plot(argv: list[str]) -> int:
         )
     Console().print(table)
     console.print(f"written: {path}", highlight=False, soft_wrap=True)
+    return 0
+
+
 # -- tune -------------------------------------------------------------------------------------------
 def tune_cli_class() -> type:
     """The tune flags, from the TuneConfig fields (each documented once there); ``--trials`` is required,
