@@ -41,6 +41,7 @@ _EXPORTS = {
     "load_agent": "phalanx.agent",
     "make_config": "phalanx.config",
     "make_env": "phalanx.envs.registry",
+    "record_video": "phalanx.video",
     "register_env": "phalanx.envs.registry",
     "resume": "phalanx.train.entry",
     "train": "phalanx.train.entry",
