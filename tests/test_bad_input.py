@@ -112,14 +112,15 @@ def test_cuda_request_without_cuda_is_explained(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_eval_video_writes_a_gif(tmp_path, capsys):
+def test_eval_video_writes_an_mp4(tmp_path, capsys):
     pytest.importorskip("pygame", reason="classic-control rendering needs pygame (the render extra)")
+    pytest.importorskip("av", reason="MP4 videos need PyAV (the render extra)")
     run = tmp_path / "run"
     args = ["--num-envs", "8", "--total-steps", "256", "--horizon", "16", "--minibatch-size", "64"]
     assert main(["train", "ppo", "CartPole-v1", *args, "--run-dir", str(run)]) == 0
     assert main(["eval", str(run), "--episodes", "2", "--video"]) == 0
-    gifs = list((run / "videos").glob("*.gif"))
-    assert len(gifs) == 1 and gifs[0].stat().st_size > 1000
+    videos = list((run / "videos").glob("*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
 def test_video_without_a_renderer_names_the_extra(tmp_path, monkeypatch):

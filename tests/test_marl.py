@@ -167,8 +167,9 @@ def test_deployed_agent_reproduces_the_evaluation_and_acts_on_raw_observations(t
     assert batch["agent"].shape == (7, 3, 5)
     with pytest.raises(ValueError, match=r"expected \(3, 18\)"):
         agent.act({"agent": np.zeros((3, 17), dtype=np.float32)})
-    name, frames = agent.frames(max_steps=30)
-    assert name == "simple_spread_continuous" and len(frames) == 26 and frames[0].dtype == np.uint8
+    with agent.frames(max_steps=30) as episode:
+        frames = list(episode)
+    assert episode.name == "simple_spread_continuous" and len(frames) == 26 and frames[0].dtype == np.uint8
 
 
 def test_multi_agent_replay_buffer_samples_stored_transitions():

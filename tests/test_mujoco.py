@@ -97,5 +97,5 @@ def test_eval_video_renders_headless(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    videos = list((run_dir / "videos").glob("*.gif"))
+    videos = list((run_dir / "videos").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 10_000

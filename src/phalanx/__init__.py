@@ -43,6 +43,7 @@ _EXPORTS = {
     "make_config": "phalanx.config",
     "make_env": "phalanx.envs.registry",
     "plot": "phalanx.train.plots",
+    "record_video": "phalanx.video",
     "register_env": "phalanx.envs.registry",
     "resume": "phalanx.train.entry",
     "train": "phalanx.train.entry",

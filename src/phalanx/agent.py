@@ -18,11 +18,12 @@ import torch
 from phalanx import registry
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
-from phalanx.errors import CheckpointError, EnvError
+from phalanx.errors import CheckpointError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import EVAL_SEED_OFFSET, build_env, spaces_from_spec
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.run_dir import read_run_config
+from phalanx.train.videos import MAX_EPISODE_STEPS, GymnasiumEpisode
 
 
 class Agent:
@@ -55,28 +56,12 @@ class Agent:
         finally:
             env.close()
 
-    def frames(self, max_steps: int = 2000) -> tuple[str, list[np.ndarray]]:
+    def frames(self, max_steps: int = MAX_EPISODE_STEPS, seed: int | None = None) -> GymnasiumEpisode:
         """One deterministic episode drawn by Gymnasium's rgb_array rendering of the env (built-in envs
-        share Gymnasium's ids and semantics): ``(name, frames)``."""
-        env_id = self.config.env.removeprefix("gym:")
-        try:  # a missing renderer shows at make (MuJoCo) or at the first render (pygame)
-            env = gym.make(env_id, render_mode="rgb_array")
-            obs, _ = env.reset(seed=self.config.seed)
-            frames = [env.render()]
-        except gym.error.DependencyNotInstalled as error:
-            raise EnvError(
-                f"cannot render {env_id!r}: {error}. Install the rendering extra: "
-                "pip install 'phalanx[render]'."
-            ) from None
-        except gym.error.Error as error:
-            raise EnvError(f"cannot render {env_id!r} with Gymnasium's rgb_array mode: {error}") from None
-        for _ in range(max_steps):
-            obs, _, terminated, truncated, _ = env.step(self.act(obs))
-            frames.append(env.render())
-            if terminated or truncated:
-                break
-        env.close()
-        return env_id, frames
+        share Gymnasium's ids and semantics), its frames drawn as they are iterated (``seed``: of the
+        episode, by default the evaluations' own): ``with agent.frames() as episode: list(episode)``."""
+        seed = self.config.seed + EVAL_SEED_OFFSET if seed is None else seed
+        return GymnasiumEpisode(self.config.env, self.act, seed, max_steps)
 
     def _normalized_action_space(self) -> gym.Space:
         if isinstance(self.action_space, gym.spaces.Box):

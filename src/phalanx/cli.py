@@ -30,7 +30,16 @@ from rich.table import Table
 from phalanx import __version__
 from phalanx.agent import evaluate
 from phalanx.backtesting import METRIC_LABELS, STRATEGY_LABELS, backtest, format_metric
-from phalanx.config import TrainConfig, coerce, import_modules, load_yaml, make_config, presets, to_number
+from phalanx.config import (
+    VIDEO_FORMATS,
+    TrainConfig,
+    coerce,
+    import_modules,
+    load_yaml,
+    make_config,
+    presets,
+    to_number,
+)
 from phalanx.envs.check import check_vec_env
 from phalanx.envs.registry import BACKENDS, list_envs, load_factory, make_env
 from phalanx.errors import PhalanxError
@@ -47,7 +56,8 @@ from phalanx.train.entry import resume, train
 from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.plots import INTERVALS, SPANS, X_COLUMNS, curves, draw_curves
 from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
-from phalanx.video import record_video, use_headless_rendering
+from phalanx.train.videos import MAX_EPISODE_STEPS, check_video_format, use_headless_rendering
+from phalanx.video import record_video
 
 console = Console(stderr=True)
 
@@ -58,8 +68,9 @@ commands:
                  [--stop-return R] [--num-workers N] [--pipeline] [--learners N] [--[no-]compile]
                  [--config FILE] [--import MODULE ...] [--<hyperparameter> VALUE ...]
                                    train an agent (phalanx train ALGO ENV --help lists every flag)
-  eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video]
-                                   evaluate a trained agent with its deterministic policy
+  eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video] [--video-format mp4|gif]
+               [--video-episodes N] [--video-max-steps N] [--video-fps F]
+                                   evaluate a trained agent with its deterministic policy (and record it)
   resume RUN_DIR [--total-steps N] continue a run from its latest checkpoint
   backtest RUN_DIR [--start DATE] [--end DATE] [--checkpoint best|latest|PATH]
                                    out-of-sample backtest of a stock trading agent
@@ -351,13 +362,35 @@ def cmd_eval(argv: list[str]) -> int:
     parser.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=None, help="seed of the evaluation episodes")
-    parser.add_argument(
-        "--video", action="store_true", help="also record one episode to RUN_DIR/videos/ (GIF)"
+    video = parser.add_argument_group("video (written to RUN_DIR/videos/<env>_step<N>.<format>)")
+    video.add_argument("--video", action="store_true", help="also record a deterministic episode")
+    video.add_argument(
+        "--video-format", choices=VIDEO_FORMATS, default=None, help="mp4 (default, H.264) or gif"
+    )
+    video.add_argument("--video-episodes", type=int, default=None, help="episodes in the video (default 1)")
+    video.add_argument(
+        "--video-max-steps",
+        type=int,
+        default=None,
+        help=f"steps at most per episode (default {MAX_EPISODE_STEPS:,}, or the env's own time limit)",
+    )
+    video.add_argument(
+        "--video-fps", type=float, default=None, help="frames per second (default: the env's own, real time)"
     )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise PhalanxError(f"--episodes must be >= 1, got {args.episodes}.")
+    video_options = (args.video_format, args.video_episodes, args.video_max_steps, args.video_fps)
+    if any(option is not None for option in video_options):
+        args.video = True  # a --video-* option asks for the video
     if args.video:
+        counts = (("--video-episodes", args.video_episodes), ("--video-max-steps", args.video_max_steps))
+        for flag, value in counts:
+            if value is not None and value < 1:
+                raise PhalanxError(f"{flag} must be >= 1, got {value}.")
+        if args.video_fps is not None and not args.video_fps > 0:
+            raise PhalanxError(f"--video-fps must be > 0, got {args.video_fps:g}.")
+        check_video_format(args.video_format or "mp4")  # the encoder is there, before the evaluation runs
         use_headless_rendering()  # before the evaluation imports the simulator
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
@@ -378,7 +411,15 @@ def cmd_eval(argv: list[str]) -> int:
         f"run directory: {args.run_dir} (checkpoint: {args.checkpoint})", highlight=False, soft_wrap=True
     )
     if args.video:
-        path = record_video(args.run_dir, args.checkpoint)
+        path = record_video(
+            args.run_dir,
+            args.checkpoint,
+            video_format=args.video_format or "mp4",
+            episodes=args.video_episodes or 1,
+            max_steps=args.video_max_steps or MAX_EPISODE_STEPS,
+            fps=args.video_fps,
+            seed=args.seed,
+        )
         console.print(f"video: {path}", highlight=False, soft_wrap=True)
     return 0
 

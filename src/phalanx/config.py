@@ -34,6 +34,8 @@ TRACKERS = ("wandb",)
 """The experiment trackers a run can log to (``TrainConfig.track``), besides TensorBoard."""
 WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 """Characters W&B refuses in a project name."""
+VIDEO_FORMATS = ("mp4", "gif")
+"""The formats a video is written in: ``mp4`` (H.264, the default) or ``gif``."""
 
 
 @dataclass
@@ -119,6 +121,13 @@ class TrainConfig:
     was busy are evaluated together, up to this many (the newest), side by side in one env of
     eval_batch * eval_episodes sub-envs, so that every copy is evaluated. 1, or another kind of env:
     only the newest copy; the ones it replaces are not evaluated."""
+    video_every: int = 0
+    """Environment steps between videos (0: none): one deterministic evaluation episode of the current
+    policy, recorded to RUN_DIR/videos/<env>_step<N>.mp4 (see docs/video.md). The env must render
+    (Gymnasium's rgb_array, or a multi-agent env's render()); this is checked before the run starts."""
+    video_format: str = "mp4"
+    """Format of the videos of video_every: mp4 (H.264, needs PyAV or imageio-ffmpeg, the render extra)
+    or gif."""
     checkpoint_every: int = 0
     """Environment steps between checkpoints (0: only at the end and at each new best evaluation)."""
     keep_checkpoints: int = 3
@@ -202,6 +211,9 @@ class TrainConfig:
         self._check_count("eval_every", 0)
         self._check_count("eval_episodes", 1)
         self._check_count("eval_batch", 1)
+        self._check_count("video_every", 0)
+        formats = f"one of {VIDEO_FORMATS}"
+        check(self.video_format in VIDEO_FORMATS, "video_format", self.video_format, formats)
         self._check_count("checkpoint_every", 0)
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
         self._check_count("log_every", 1)

@@ -15,12 +15,12 @@ import torch
 
 from phalanx.agent import restore_algorithm
 from phalanx.config import TrainConfig
-from phalanx.errors import EnvError
 from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions
 from phalanx.marl.core import MultiAgentSpec
 from phalanx.marl.registry import make_multi_agent_env
-from phalanx.marl.trainer import MultiAgentEvaluation, MultiAgentEvaluator
+from phalanx.marl.trainer import MultiAgentEpisode, MultiAgentEvaluation, MultiAgentEvaluator
 from phalanx.train.environments import EVAL_SEED_OFFSET
+from phalanx.train.videos import MAX_EPISODE_STEPS
 
 
 class MultiAgentAgent:
@@ -85,23 +85,8 @@ class MultiAgentAgent:
         finally:
             env.close()
 
-    def frames(self, max_steps: int = 2000) -> tuple[str, list[np.ndarray]]:
-        """One deterministic episode drawn by the env's own ``render()``: ``(name, frames)``."""
-        env = make_multi_agent_env(self.config.env, num_envs=1, device=self.device)
-        try:
-            obs, info = env.reset(seed=self.config.seed)
-            frames = [env.render()]
-            if frames[0] is None:
-                raise EnvError(
-                    f"cannot record {self.config.env!r}: the env does not render (render() returns None). "
-                    "The built-in tasks (simple_spread, simple_tag) do."
-                )
-            for _ in range(max_steps):
-                actions = self.algorithm.act(obs, info.get("action_mask"), deterministic=True)
-                obs, _, terminated, truncated, info = env.step(to_env_actions(actions, env.groups))
-                frames.append(env.render())
-                if bool(terminated[0] | truncated[0]):
-                    break
-        finally:
-            env.close()
-        return self.config.env.replace(":", "_"), frames
+    def frames(self, max_steps: int = MAX_EPISODE_STEPS, seed: int | None = None) -> MultiAgentEpisode:
+        """One deterministic episode drawn by the env's own ``render()``, its frames drawn as they are
+        iterated (``seed``: of the episode, by default the evaluations' own)."""
+        seed = self.config.seed + EVAL_SEED_OFFSET if seed is None else seed
+        return MultiAgentEpisode(self.config.env, self.algorithm, self.device, seed, max_steps)

@@ -30,6 +30,7 @@ from phalanx.train.environments import EVAL_SEED_OFFSET
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.learner import Learner
 from phalanx.train.trainer import Trainer
+from phalanx.train.videos import MAX_EPISODE_STEPS, EpisodeFrames
 from phalanx.train.worker import EpisodeLog
 
 
@@ -223,3 +224,34 @@ class MultiAgentTrainer(Trainer):
 
     def new_algorithm(self) -> MultiAgentAlgorithm:
         return get_algorithm(self.config.algo)(self.config.hyperparameters, self.spec, self.device)
+
+    def video_episode(self, seed: int) -> MultiAgentEpisode:
+        """The current policies' deterministic episode from ``seed``, drawn frame by frame (for
+        ``video_every``)."""
+        return MultiAgentEpisode(self.config.env, self.algorithm, self.device, seed)
+
+
+class MultiAgentEpisode(EpisodeFrames):
+    """The deterministic episode of a multi-agent ``algorithm`` on one copy of ``env_id``, drawn by the
+    env's own ``render()`` (sub-env 0); each agent acts on its own observation."""
+
+    def __init__(
+        self,
+        env_id: str,
+        algorithm: MultiAgentAlgorithm,
+        device: torch.device,
+        seed: int,
+        max_steps: int = MAX_EPISODE_STEPS,
+    ) -> None:
+        self.algorithm = algorithm
+        super().__init__(env_id, make_multi_agent_env(env_id, num_envs=1, device=device), seed, max_steps)
+
+    def reset(self, seed: int) -> None:
+        self.obs, self.info = self.env.reset(seed=seed)
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        actions = self.algorithm.act(self.obs, self.info.get("action_mask"), deterministic=True)
+        env_actions = to_env_actions(actions, self.env.groups)
+        self.obs, _, terminated, truncated, self.info = self.env.step(env_actions)
+        return bool(terminated[0] | truncated[0])

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import threading
@@ -25,7 +26,14 @@ from phalanx.errors import CheckpointError, ConfigError
 from phalanx.registry import get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement
-from phalanx.train.environments import EVAL_SEED_OFFSET, build_env, picklable_factory, space_spec, to_device
+from phalanx.train.environments import (
+    EVAL_SEED_OFFSET,
+    build_env,
+    picklable_factory,
+    space_spec,
+    spaces_from_spec,
+    to_device,
+)
 from phalanx.train.evaluations import Evaluations
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.hooks import Checkpoints, Hook, Logging, Schedule, StopAtReturn, check_hooks
@@ -34,6 +42,7 @@ from phalanx.train.logging import Stopwatch
 from phalanx.train.loop import TrainResult, train
 from phalanx.train.run_dir import create_run_dir
 from phalanx.train.tracking import WandbTracker, start_tracking
+from phalanx.train.videos import DeterministicPolicy, GymnasiumEpisode, Videos
 from phalanx.train.worker import Worker
 
 
@@ -149,6 +158,8 @@ class Trainer:
         """The run directory, its checkpoints and the loop's counters: the last step of building a
         trainer, once everything that can fail on bad input has been built."""
         config, group = self.config, self.group
+        # the videos' env renders and their encoder is installed, or the run does not start
+        self.videos = Videos(self) if config.video_every and self.is_main else None
         if self.is_main:
             self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
         if group is not None:
@@ -303,14 +314,23 @@ class Trainer:
     def train(self, hooks: Sequence[Hook] = ()) -> TrainResult:
         """Train to ``total_steps``, or until a hook stops the run (:func:`phalanx.train.loop.train`); the
         tracker, if there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
+        attached = [hook for hook in (self.videos, self.tracker) if hook is not None]  # videos first: the
+        hooks = [*check_hooks(hooks), *attached]  # tracker logs a video in the iteration that wrote it
         if self.tracker is None:
             return train(self, hooks)
-        hooks = check_hooks(hooks)
         try:
-            return train(self, [*hooks, self.tracker])
+            return train(self, hooks)
         except BaseException as error:
             self.tracker.finish(error)
             raise
+
+    def video_episode(self, seed: int) -> GymnasiumEpisode:
+        """The current policy's deterministic episode from ``seed``, drawn frame by frame, the observation
+        normalisation frozen as evaluation has it (``video_every``)."""
+        statistics = copy.deepcopy(self.obs_statistics)  # a pipeline's worker thread moves the live ones
+        _, action_space = spaces_from_spec(self.spaces)  # the env's own bounds
+        policy = DeterministicPolicy(self.algorithm, statistics, action_space)
+        return GymnasiumEpisode(self.config.env, policy, seed)
 
     def stop(self, reason: str) -> None:
         """A hook's request: end the run after this iteration, as a spent budget does (``reason`` is
