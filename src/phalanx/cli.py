@@ -55,8 +55,8 @@ from phalanx.registry import algorithm_names, get_algorithm
 from phalanx.train.entry import resume, train
 from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.plots import INTERVALS, SPANS, X_COLUMNS, curves, draw_curves
-from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
 from phalanx.train.videos import MAX_EPISODE_STEPS, check_video_format, use_headless_rendering
+from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
 from phalanx.video import record_video
 
 console = Console(stderr=True)
