@@ -66,7 +66,8 @@ USAGE = """usage: phalanx COMMAND ...
 commands:
   train ALGO ENV [--num-envs N] [--total-steps N] [--seed S] [--device D] [--run-dir DIR]
                  [--stop-return R] [--num-workers N] [--pipeline] [--learners N] [--[no-]compile]
-                 [--config FILE] [--import MODULE ...] [--<hyperparameter> VALUE ...]
+                 [--track wandb] [--video-every N] [--config FILE] [--import MODULE ...]
+                 [--<hyperparameter> VALUE ...]
                                    train an agent (phalanx train ALGO ENV --help lists every flag)
   eval RUN_DIR [--episodes N] [--checkpoint best|latest|PATH] [--video] [--video-format mp4|gif]
                [--video-episodes N] [--video-max-steps N] [--video-fps F]

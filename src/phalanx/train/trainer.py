@@ -314,14 +314,12 @@ class Trainer:
     def train(self, hooks: Sequence[Hook] = ()) -> TrainResult:
         """Train to ``total_steps``, or until a hook stops the run (:func:`phalanx.train.loop.train`); the
         tracker, if there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
-        attached = [hook for hook in (self.videos, self.tracker) if hook is not None]  # videos first: the
-        hooks = [*check_hooks(hooks), *attached]  # tracker logs a video in the iteration that wrote it
-        if self.tracker is None:
-            return train(self, hooks)
-        try:
-            return train(self, hooks)
+        attached = [hook for hook in (self.videos, self.tracker) if hook is not None]  # the tracker last:
+        try:  # it logs what the others wrote
+            return train(self, [*check_hooks(hooks), *attached])
         except BaseException as error:
-            self.tracker.finish(error)
+            if self.tracker is not None:
+                self.tracker.finish(error)
             raise
 
     def video_episode(self, seed: int) -> GymnasiumEpisode:
