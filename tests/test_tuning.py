@@ -188,11 +188,12 @@ def _reported(directory: Path) -> bool:
 
 def test_ctrl_c_saves_the_running_trials_and_the_same_command_continues_them(tmp_path):
     """Two trials at once on the process backend; Ctrl+C; the same command (here in this process, one
-    trial at a time) continues both from their checkpoints."""
+    trial at a time) continues both from their checkpoints. Chunks of 4 rollouts: after its first report
+    a trial is seconds from its end, so Ctrl+C reaches both while they run, even on a loaded machine."""
     directory = tmp_path / "interrupted"
     command = [
         sys.executable, "-m", "phalanx", "tune", "ppo", "CartPole-v1", "--trials", "2", "--sampler", "random",
-        "--pruner", "none", "--interval", str(CHUNK), "--total-steps", str(3 * CHUNK), *TINY, "--dir",
+        "--pruner", "none", "--interval", str(4 * CHUNK), "--total-steps", str(12 * CHUNK), *TINY, "--dir",
         str(directory), "--search", "learning_rate=log:1e-4,1e-2", "--parallel", "2",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -227,7 +228,7 @@ def test_ctrl_c_saves_the_running_trials_and_the_same_command_continues_them(tmp
         assert {step: continued.intermediate_values[step] for step in reported[trial.number]} == reported[
             trial.number
         ]
-        assert sorted(continued.intermediate_values) == [CHUNK, 2 * CHUNK, 3 * CHUNK]
+        assert sorted(continued.intermediate_values) == [4 * CHUNK, 8 * CHUNK, 12 * CHUNK]
 
 
 # -- search spaces and bad input --------------------------------------------------------------------

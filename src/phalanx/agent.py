@@ -17,10 +17,10 @@ import torch
 
 from phalanx import registry
 from phalanx.config import TrainConfig
-from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, NormalizeObservation, RunningMeanStd, find_wrapper
+from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-from phalanx.train.environments import EVAL_SEED_OFFSET, build_env, spaces_from_spec
+from phalanx.train.environments import EVAL_SEED_OFFSET, EnvSpacePolicy, build_env, spaces_from_spec
 from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.run_dir import read_run_config
 from phalanx.train.videos import MAX_EPISODE_STEPS, GymnasiumEpisode
@@ -41,6 +41,7 @@ class Agent:
         if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
             self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
             self.obs_statistics.load_state_dict(state["obs_statistics"])
+        self.policy = EnvSpacePolicy(self.algorithm, self.obs_statistics, self.action_space)
         self.steps = state["progress"]["steps"]
         self.state = state
 
@@ -83,13 +84,7 @@ class Agent:
                 f"Agent.act: observations have shape {tuple(obs_tensor.shape[1:])} per sub-env, expected "
                 f"{self.observation_space.shape} (the training env {self.config.env!r})."
             )
-        if self.obs_statistics is not None:
-            obs_tensor = self.obs_statistics.normalize(obs_tensor, OBS_EPSILON).clamp(-OBS_CLIP, OBS_CLIP)
-        actions = self.algorithm.act(obs_tensor, deterministic=deterministic)
-        if isinstance(self.action_space, gym.spaces.Box):
-            low = torch.as_tensor(self.action_space.low, device=self.device)
-            high = torch.as_tensor(self.action_space.high, device=self.device)
-            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        actions = self.policy.act(obs_tensor, deterministic)
         if single:
             actions = actions[0]
         return actions.cpu().numpy() if is_numpy else actions

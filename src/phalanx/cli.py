@@ -633,6 +633,20 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def command_flags(cls: type, argv: list[str], prog: str, description: str) -> tuple[Any, list[str]]:
+    """A command's own flags (the dataclass ``cls``) parsed from ``argv``, and the train flags it leaves
+    for :func:`parse_train_args` (``population run`` and ``tune`` take both)."""
+    return tyro.cli(
+        cls,
+        args=gather_repeated(argv, cls),
+        return_unknown_args=True,
+        prog=prog,
+        description=description,
+        config=(tyro.conf.OmitArgPrefixes,),
+        registry=number_rules(),
+    )
+
+
 def parse_population_args(argv: list[str]) -> Any:
     """``[POPULATION.yaml] [ALGO ENV] [flags]`` -> a validated PopulationConfig."""
     data: dict[str, Any] = {}
@@ -642,16 +656,12 @@ def parse_population_args(argv: list[str]) -> Any:
         argv = argv[1:]
     positional = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[:2]))  # ALGO ENV
     rest = argv[len(positional) :]
-    cls = population_cli_class(data, where)
-    flags, train_args = tyro.cli(
-        cls,
-        args=gather_repeated(rest, cls),
-        return_unknown_args=True,
+    flags, train_args = command_flags(
+        population_cli_class(data, where),
+        rest,
         prog="phalanx population run",
         description="Population flags; the train flags of `phalanx train ALGO ENV --help` set the members' "
         "base config (a population file's base, if given, first).",
-        config=(tyro.conf.OmitArgPrefixes,),
-        registry=number_rules(),
     )
     base = dict(data.get("base") or {})
     if len(positional) < 2:
@@ -849,16 +859,12 @@ def parse_tune_args(argv: list[str]) -> TuneConfig:
     """``ALGO ENV --trials N [tune flags] [train flags]`` -> a validated TuneConfig."""
     positional = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[:2]))  # ALGO ENV
     rest = argv[len(positional) :]
-    cls = tune_cli_class()
-    flags, train_args = tyro.cli(
-        cls,
-        args=gather_repeated(rest, cls),
-        return_unknown_args=True,
+    flags, train_args = command_flags(
+        tune_cli_class(),
+        rest,
         prog="phalanx tune ALGO ENV",
         description="Hyperparameter search with Optuna; the train flags of `phalanx train ALGO ENV --help` "
         "set every trial's base config (see docs/tuning.md).",
-        config=(tyro.conf.OmitArgPrefixes,),
-        registry=number_rules(),
     )
     base = parse_train_args(positional + train_args, prog="phalanx tune")
     search: dict[str, str] = {}

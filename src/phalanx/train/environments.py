@@ -11,6 +11,7 @@ import pickle
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from phalanx.config import TrainConfig
@@ -18,10 +19,13 @@ from phalanx.envs.core import ConcatVecEnv, VecEnv
 from phalanx.envs.registry import make_env, registered_factories
 from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import (
+    OBS_CLIP,
+    OBS_EPSILON,
     MemberNormalizeObservation,
     NanGuard,
     NormalizeObservation,
     RescaleAction,
+    RunningMeanStd,
     ScaleReward,
     find_wrapper,
 )
@@ -154,3 +158,38 @@ def to_device(state: Any, device: torch.device, copy: bool = False) -> Any:
     if isinstance(state, list):
         return [to_device(value, device, copy) for value in state]
     return state
+
+
+class EnvSpacePolicy:
+    """An algorithm's actions for raw observations of its env, as a deployed agent and a video take them:
+    the observations normalised with ``obs_statistics`` (frozen, clipped as in training), the algorithm
+    acting (in [-1, 1] for a Box), the actions rescaled to ``action_space``'s bounds."""
+
+    def __init__(
+        self, algorithm: Any, obs_statistics: RunningMeanStd | None, action_space: gym.Space
+    ) -> None:
+        self.algorithm = algorithm
+        self.obs_statistics = obs_statistics
+        self.device = algorithm.device
+        self.bounds = None
+        if isinstance(action_space, gym.spaces.Box):
+            self.bounds = tuple(
+                torch.as_tensor(bound, dtype=torch.float32, device=self.device)
+                for bound in (action_space.low, action_space.high)
+            )
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Actions for a batch of raw observations ``(B, *observation_shape)`` on the algorithm's device."""
+        if self.obs_statistics is not None:
+            obs = self.obs_statistics.normalize(obs, OBS_EPSILON).clamp(-OBS_CLIP, OBS_CLIP)
+        actions = self.algorithm.act(obs, deterministic=deterministic)
+        if self.bounds is not None:
+            low, high = self.bounds
+            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        return actions
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        """The deterministic action for one observation of a Gymnasium env (numpy in, numpy out)."""
+        obs_tensor = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device)
+        return self.act(obs_tensor.unsqueeze(0))[0].cpu().numpy()

@@ -28,6 +28,7 @@ from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement
 from phalanx.train.environments import (
     EVAL_SEED_OFFSET,
+    EnvSpacePolicy,
     build_env,
     picklable_factory,
     space_spec,
@@ -42,7 +43,7 @@ from phalanx.train.logging import Stopwatch
 from phalanx.train.loop import TrainResult, train
 from phalanx.train.run_dir import create_run_dir
 from phalanx.train.tracking import WandbTracker, start_tracking
-from phalanx.train.videos import DeterministicPolicy, GymnasiumEpisode, Videos
+from phalanx.train.videos import GymnasiumEpisode, Videos
 from phalanx.train.worker import Worker
 
 
@@ -327,7 +328,7 @@ class Trainer:
         normalisation frozen as evaluation has it (``video_every``)."""
         statistics = copy.deepcopy(self.obs_statistics)  # a pipeline's worker thread moves the live ones
         _, action_space = spaces_from_spec(self.spaces)  # the env's own bounds
-        policy = DeterministicPolicy(self.algorithm, statistics, action_space)
+        policy = EnvSpacePolicy(self.algorithm, statistics, action_space)
         return GymnasiumEpisode(self.config.env, policy, seed)
 
     def stop(self, reason: str) -> None:

@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from phalanx.config import VIDEO_FORMATS
-from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, RunningMeanStd
 from phalanx.errors import ConfigError, EnvError
 from phalanx.files import atomic_write
 from phalanx.train.environments import EVAL_SEED_OFFSET
@@ -145,36 +143,6 @@ class GymnasiumEpisode(EpisodeFrames):
 def video_name(env_id: str) -> str:
     """``env_id`` as the stem of a file name (``gym:`` dropped; ``:`` and ``/`` become ``_``)."""
     return env_id.removeprefix("gym:").replace(":", "_").replace("/", "_")
-
-
-class DeterministicPolicy:
-    """A single-agent algorithm's deterministic action for one raw observation of a Gymnasium env:
-    normalised with ``obs_statistics`` (frozen, as evaluation does), the algorithm acting in [-1, 1] for
-    a Box, the action rescaled to ``action_space``'s bounds."""
-
-    def __init__(
-        self, algorithm: Any, obs_statistics: RunningMeanStd | None, action_space: gym.Space
-    ) -> None:
-        self.algorithm = algorithm
-        self.obs_statistics = obs_statistics
-        self.device = algorithm.device
-        self.bounds = None
-        if isinstance(action_space, gym.spaces.Box):
-            self.bounds = tuple(
-                torch.as_tensor(bound, dtype=torch.float32, device=self.device)
-                for bound in (action_space.low, action_space.high)
-            )
-
-    @torch.no_grad()
-    def __call__(self, obs: Any) -> np.ndarray:
-        obs_tensor = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device).unsqueeze(0)
-        if self.obs_statistics is not None:
-            obs_tensor = self.obs_statistics.normalize(obs_tensor, OBS_EPSILON).clamp(-OBS_CLIP, OBS_CLIP)
-        action = self.algorithm.act(obs_tensor, deterministic=True)[0]
-        if self.bounds is not None:
-            low, high = self.bounds
-            action = low + (action.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
-        return action.cpu().numpy()
 
 
 def first_frame(env_id: str, render: Callable[[], Any]) -> np.ndarray:
