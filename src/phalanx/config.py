@@ -568,6 +568,19 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def check_hyperparameter_name(name: str, config: TrainConfig, where: str) -> None:
+    """``name`` is a hyperparameter of ``config``'s algorithm, or a ConfigError from ``where`` that names the
+    closest ones and every valid one (a search space's or a mutation's name)."""
+    valid = sorted(field.name for field in dataclasses.fields(config.hyperparameters))
+    if name in valid:
+        return
+    close = difflib.get_close_matches(name, valid, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"{where}: {name!r} is not a hyperparameter of {config.algo}.{hint} Valid names: {', '.join(valid)}."
+    )
+
+
 def _unknown_key(key: str, valid: set[str], algo: str, where: str) -> None:
     close = difflib.get_close_matches(key, sorted(valid), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""

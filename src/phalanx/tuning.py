@@ -45,7 +45,7 @@ from phalanx.algos.base import OffPolicyConfig
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticConfig
 from phalanx.algos.dqn import DQNConfig
 from phalanx.algos.ppo import A2CConfig, ActorCriticConfig, PPOConfig
-from phalanx.config import TrainConfig, coerce, is_int, parse_yaml
+from phalanx.config import TrainConfig, check_hyperparameter_name, coerce, is_int, parse_yaml
 from phalanx.errors import ConfigError, PhalanxError, import_optional
 from phalanx.files import write_text_atomic
 from phalanx.marl.qmix import ValueDecompositionConfig
@@ -113,15 +113,8 @@ class Dimension:
         """The name is a hyperparameter of ``base``'s algorithm, the kind fits its type, the bounds are in
         order, and the config is valid at each bound and with each value."""
         where = f"--search {name}={self.text()}"
+        check_hyperparameter_name(name, base, where=f"--search {name}=...")
         hyperparameters = base.hyperparameters
-        valid = sorted(f.name for f in dataclasses.fields(hyperparameters))
-        if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"--search {name}=...: {name!r} is not a hyperparameter of {base.algo}.{hint} "
-                f"Valid names: {', '.join(valid)}."
-            )
         kind, arguments = self.kind, self.arguments
         expected = KINDS[kind]
         if kind == "choice":

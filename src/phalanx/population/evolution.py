@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 import yaml
 
-from phalanx.config import TrainConfig, check, coerce, is_int, load_yaml, parse_scalar
+from phalanx.config import (
+    TrainConfig,
+    check,
+    check_hyperparameter_name,
+    coerce,
+    is_int,
+    load_yaml,
+    parse_scalar,
+)
 from phalanx.errors import ConfigError
 from phalanx.files import write_text_atomic
 from phalanx.registry import vectorized_population
@@ -297,17 +305,8 @@ class PopulationConfig:
                     "those mutations, or use the process backend."
                 )
         hyperparameters = self.base.hyperparameters
-        valid = sorted(f.name for f in dataclasses.fields(hyperparameters))
         for name, mutation in self.mutations.items():
-            if name not in valid:
-                import difflib
-
-                close = difflib.get_close_matches(name, valid, n=2)
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(
-                    f"mutations: {name!r} is not a hyperparameter of {self.base.algo}.{hint} "
-                    f"Valid names: {', '.join(valid)}."
-                )
+            check_hyperparameter_name(name, self.base, where="mutations")
             if name in ("hidden_sizes", "buffer_size"):
                 raise ConfigError(
                     f"mutations: {name!r} cannot be mutated: a member that copies another takes its "
