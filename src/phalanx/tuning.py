@@ -760,17 +760,21 @@ def trial_rows(study: Any, names: list[str]) -> list[dict[str, Any]]:
 
 
 def trials_table(study: Any, names: list[str]) -> Table:
-    """The trials as a table (the best one in bold): number, state, value, steps, seconds, the values."""
+    """The trials as a table (the best one in bold): number, state, value, steps, seconds, and the values
+    searched as ``name=value`` in one column, which wraps, so that the table reads at any width."""
     rows = trial_rows(study, names)
     table = Table(title=f"study {study.study_name} ({len(rows)} trials)")
-    columns = ["trial", "state", "value", "steps", "seconds", *names]
+    columns = ["trial", "state", "value", "steps", "seconds"]
     for name in columns:
-        table.add_column(name, justify="left" if name == "state" else "right")
+        table.add_column(name, justify="left" if name == "state" else "right", no_wrap=True)
+    table.add_column("hyperparameters", overflow="fold")
     complete = [row for row in rows if row["state"] == "complete"]
     best = max(complete, key=lambda row: row["value"])["trial"] if complete else None
     for row in rows:
         table.add_row(
-            *(_cell(row[name]) for name in columns), style="bold green" if row["trial"] == best else None
+            *(_cell(row[name]) for name in columns),
+            _format_values({name: row[name] for name in names}),
+            style="bold green" if row["trial"] == best else None,
         )
     return table
 
@@ -784,7 +788,7 @@ def _cell(value: Any) -> str:
 
 
 def _format_values(values: Mapping[str, Any]) -> str:
-    return ", ".join(f"{name}={_cell(value)}" for name, value in values.items())
+    return ", ".join(f"{name}={_cell(value)}" for name, value in values.items() if value is not None)
 
 
 def _differences(stored: dict[str, Any], definition: dict[str, Any]) -> str:
