@@ -201,13 +201,17 @@ def _fit_mujoco_shadows(env: gym.Env) -> None:
 
 
 def use_headless_rendering() -> None:
-    """On a machine without a display, make MuJoCo render offscreen through EGL (unless told otherwise).
+    """On a machine without a display, make MuJoCo render offscreen through EGL, and pygame (classic
+    control) through SDL's dummy video driver, which draws the same frames without asking for a display
+    (and without SDL's "XDG_RUNTIME_DIR is invalid" line); unless told otherwise.
 
     Gymnasium reads ``MUJOCO_GL`` when an env creates its renderer (its first frame), PyOpenGL reads
-    ``PYOPENGL_PLATFORM`` when it is first imported: this runs before either."""
+    ``PYOPENGL_PLATFORM`` when it is first imported, SDL ``SDL_VIDEODRIVER`` when pygame starts: this
+    runs before any of them."""
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
         os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
 # -- encoding -------------------------------------------------------------------------------------
