@@ -65,12 +65,26 @@ def test_a_hook_stops_training_on_its_own_condition(tmp_path):
     assert json.loads((result.run_dir / "summary.json").read_text())["total_steps"] == 1536
 
 
+class Rows(phalanx.Hook):
+    """Every row of metrics.csv, as on_log hands it over."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def on_log(self, trainer, row) -> None:
+        self.rows.append(row)
+
+
 def test_a_hooks_metric_lands_in_metrics_csv(tmp_path):
     config = small_config(tmp_path, total_steps=1024)
-    result = phalanx.train(config, show_progress=False, hooks=[StepsPerUpdate()])
+    rows_hook = Rows()
+    result = phalanx.train(config, show_progress=False, hooks=[StepsPerUpdate(), rows_hook])
     rows = read_table(result.run_dir / "metrics.csv")
     assert [row["steps"] for row in rows] == [128, 256, 512, 768, 1024]
     assert all(row["steps_per_update"] == 128 for row in rows)  # one update per rollout of 8 x 16 steps
+    # on_log hands over each row as written: the file's numbers, the hook's metric included
+    logged = [{key: value for key, value in row.items() if value is not None} for row in rows_hook.rows]
+    assert logged == rows
 
 
 def test_resume_calls_the_hooks_too(tmp_path):

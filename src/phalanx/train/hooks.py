@@ -32,6 +32,7 @@ class Hook:
     - :meth:`after_iteration`: numbers it returns land in the next row of metrics.csv (and TensorBoard);
       ``trainer.stop(reason)`` there ends the run as a spent budget does: a last evaluation, a
       checkpoint, summary.json.
+    - :meth:`on_log`: after every row of metrics.csv, with that row (as written: numbers, None where empty).
     - :meth:`on_evaluation`: after every evaluation, with its row of evaluations.csv.
     - :meth:`on_end`: after a run that ended without an error or Ctrl+C, with its summary.json.
 
@@ -52,6 +53,9 @@ class Hook:
 
     def after_iteration(self, trainer: Trainer) -> dict[str, float] | None:
         """An iteration (collect, learn) ended and the hook is due; numbers to log, or None."""
+
+    def on_log(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        """A training row was logged; ``row`` is its row of metrics.csv."""
 
     def on_evaluation(self, trainer: Trainer, row: dict[str, float]) -> None:
         """An evaluation was recorded; ``row`` is its row of evaluations.csv."""
@@ -95,8 +99,8 @@ def check_hooks(hooks: Sequence[Hook]) -> list[Hook]:
             fix = f"pass {named}() " if isinstance(hook, type) and issubclass(hook, Hook) else ""
             raise ConfigError(
                 f"hooks[{index}] is {named!s}, not a phalanx.Hook instance. A hook is an instance of a "
-                f"subclass of phalanx.Hook that overrides on_start, after_iteration, on_evaluation or "
-                f"on_end: {fix or 'subclass phalanx.Hook'} (see docs/hooks.md)."
+                "subclass of phalanx.Hook that overrides on_start, after_iteration, on_log, on_evaluation "
+                f"or on_end: {fix or 'subclass phalanx.Hook'} (see docs/hooks.md)."
             )
         every = hook.every
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
@@ -146,8 +150,10 @@ class Logging(Hook):
                 **trainer.metrics,
                 **trainer.hook_metrics,
             }
-            trainer.logger.log(row)
+            row = trainer.logger.log(row)
             trainer.hook_metrics = {}
+            for hook in trainer.hooks:
+                hook.on_log(trainer, row)
             self.last = (now, trainer.steps, trainer.learner.updates)
         self.schedule.advance(trainer.steps)
 

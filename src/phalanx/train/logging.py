@@ -135,13 +135,15 @@ class RunLogger:
             self.progress = TrainingProgress(total_steps, steps, self.console)
             self.progress.start()
 
-    def log(self, row: dict[str, Any]) -> None:
-        """A training row (``steps``, ``wall_time_s``, rates, episode means, the algorithm's metrics)."""
+    def log(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A training row (``steps``, ``wall_time_s``, rates, episode means, the algorithm's metrics); returns
+        it as written (numbers, None where empty)."""
         row = {key: _scalar(value) for key, value in row.items()}
         self.training.append(row)
         self._tensorboard(row, ("steps",))
         if self.progress is not None:
             self.progress.training(row)
+        return row
 
     def log_evaluation(self, row: dict[str, Any]) -> None:
         """An evaluation row: ``steps`` and ``wall_time_s`` of the weights evaluated, ``eval_*`` results and

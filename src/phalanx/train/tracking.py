@@ -7,8 +7,9 @@ unless ``track_optional``) and adds the :class:`WandbTracker` hook to every ``tr
 
 - the config, as config.yaml holds it (again at each ``train``: a population's hand-over changes the
   hyperparameters),
-- every row of metrics.csv at its ``steps``, read from the file as it grows, so that W&B has what the file
-  has: the rates, the training episodes, the learner's metrics and the numbers of the user's hooks,
+- every row of metrics.csv at its ``steps``, as it is logged (:meth:`~phalanx.train.hooks.Hook.on_log`), so
+  that W&B has what the file has: the rates, the training episodes, the learner's metrics and the numbers
+  of the user's hooks,
 - every evaluation (the columns of evaluations.csv) at the step of the weights evaluated,
 - every video that appears in ``RUN_DIR/videos/`` named ``<name>_step<N>.mp4`` (or ``.gif``), at step N,
 - curve.png and the numbers of summary.json when a ``train`` ends,
@@ -31,9 +32,6 @@ warning, never the training: metrics.csv, evaluations.csv and TensorBoard have e
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import math
 import os
 import re
 import secrets
@@ -161,22 +159,25 @@ class WandbTracker(Hook):
     def __init__(self, run: Any, run_dir: Path) -> None:
         self.run = run
         self.run_dir = Path(run_dir)
-        self.rows = NewRows(self.run_dir / "metrics.csv")
         self.videos_logged: set[str] = set()
 
     # -- the hook --------------------------------------------------------------------------------
     def on_start(self, trainer: Trainer) -> None:
-        # What was logged before the step this train() starts from is W&B's already (a resume, a
-        # population member's next task); the rows a resume drops and writes again are logged again.
-        self.rows.skip_to(trainer.steps)
+        # The videos before the step this train() starts from are W&B's already (a resume, a population
+        # member's next task); the rows a resume drops and writes again are logged again, as they come.
         for path in self._videos():
             if int(VIDEO_FILE.fullmatch(path.name)["steps"]) <= trainer.steps:
                 self.videos_logged.add(path.name)
         config = trainer.config.to_dict()  # after a hand-over: the member's new hyperparameters
         self._safely(lambda run: run.config.update(config, allow_val_change=True))
 
-    def after_iteration(self, trainer: Trainer) -> None:
-        self._log_new()
+    def on_log(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        """A row of metrics.csv, at its step, then the videos that appeared since the last row."""
+        values = {
+            _tensorboard_tag(key): value for key, value in row.items() if key != "steps" and value is not None
+        }
+        self._log({"steps": int(row["steps"]), **values})
+        self._log_videos()
 
     def on_evaluation(self, trainer: Trainer, row: dict[str, float]) -> None:
         values = {"steps": int(row["steps"])}
@@ -188,7 +189,7 @@ class WandbTracker(Hook):
         self._log(values)
 
     def on_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
-        self._log_new(every_video=True)
+        self._log_videos()
         curve = self.run_dir / "curve.png"
         if self.run is not None and curve.is_file():
             import wandb
@@ -208,7 +209,7 @@ class WandbTracker(Hook):
         and the hook's methods do nothing."""
         if self.run is None:
             return
-        self._log_new(every_video=True)  # what the run wrote last (a Ctrl+C, an error: since the last check)
+        self._log_videos()  # what the run recorded last (a Ctrl+C, an error: since the last row)
         run, self.run = self.run, None
         if error is None:
             exit_code = 0
@@ -225,19 +226,9 @@ class WandbTracker(Hook):
                 stacklevel=2,
             )
 
-    def _log_new(self, every_video: bool = False) -> None:
-        """The rows metrics.csv gained since the last call and, when it gained some (or ``every_video``),
-        the new videos."""
+    def _log_videos(self) -> None:
         if self.run is None:
             return
-        rows = self.rows.read()
-        for row in rows:
-            values = {_tensorboard_tag(key): value for key, value in row.items() if key != "steps"}
-            self._log({"steps": int(row["steps"]), **values})
-        if rows or every_video:
-            self._log_videos()
-
-    def _log_videos(self) -> None:
         import wandb
 
         for path in self._videos():
@@ -276,44 +267,3 @@ class WandbTracker(Hook):
             )
             with contextlib.suppress(Exception):
                 run.finish(exit_code=FAILED)
-
-
-class NewRows:
-    """The rows that a :class:`~phalanx.train.logging.StepTable` file (metrics.csv) gains, each read once,
-    as numbers: a stat per call, and only the new bytes read while the header stays (a new column
-    rewrites the file: it is read again, from the rows after the last one read)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.steps = -math.inf  # the last row read
-        self.header = b""
-        self.offset = 0  # where the unread rows start
-        self.size = -1  # the size the file had when it was read last
-
-    def skip_to(self, steps: float) -> None:
-        """Take the rows up to ``steps`` as read, and read the file anew (it may have been rewritten)."""
-        self.steps, self.header, self.size = steps, b"", -1
-
-    def read(self) -> list[dict[str, float]]:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return []
-        if size == self.size:
-            return []
-        with self.path.open("rb") as file:
-            header = file.readline()
-            if header != self.header or size < self.offset:
-                self.header, self.offset = header, file.tell()
-            file.seek(self.offset)
-            text = file.read()
-        whole = text[: text.rfind(b"\n") + 1]  # a row cut short is read when it is whole
-        self.offset += len(whole)
-        self.size = size if len(whole) == len(text) else -1
-        rows = []
-        for row in csv.DictReader(io.StringIO((self.header + whole).decode())):
-            numbers = {key: float(value) for key, value in row.items() if value}
-            if numbers.get("steps", -math.inf) > self.steps:
-                self.steps = numbers["steps"]
-                rows.append(numbers)
-        return rows
