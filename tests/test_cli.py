@@ -147,6 +147,9 @@ def test_envs_lists_what_runs_marks_what_needs_an_extra_and_fits_the_terminal(ca
     else:
         assert "LunarLander-v3" in gymnasium
     assert "simple_spread" in out and "pettingzoo:<module>[:<factory>]" in out
+    atari = next(ids for heading, ids in sections.items() if heading.startswith("Atari games ("))
+    assert ("ALE/Pong-v5" in atari) == (importlib.util.find_spec("ale_py") is not None)
+    assert "ALE/Pong-v5" not in gymnasium
 
 
 def test_check_env_accepts_a_good_env_and_explains_a_broken_one(tmp_path, capsys, monkeypatch):

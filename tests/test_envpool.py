@@ -132,17 +132,17 @@ def test_same_step_autoreset_matches_the_raw_pool(env_id, kwargs, policy):
     env.close()
 
 
-def test_atari_frames_keep_their_shape_as_float32():
+def test_atari_frames_stay_uint8():
     env = EnvPoolVecEnv("Pong-v5", num_envs=2)
     assert env.single_observation_space.shape == (4, 84, 84)
-    assert env.single_observation_space.dtype == np.float32 and env.single_observation_space.high.max() == 255
+    assert env.single_observation_space.dtype == np.uint8
     obs, _ = env.reset(seed=3)
-    pool = raw_pool("Pong-v5", num_envs=2, seed=3)
+    pool = raw_pool("Pong-v5", num_envs=2, seed=3, reward_clip=True)
     raw_obs, _ = pool.reset()
     assert raw_obs.dtype == np.uint8
-    assert obs.dtype == torch.float32 and torch.equal(obs, torch.as_tensor(raw_obs).float())
+    assert obs.dtype == torch.uint8 and torch.equal(obs, torch.as_tensor(raw_obs))
     obs, *_ = env.step(torch.tensor([2, 3]))
-    assert obs.shape == (2, 4, 84, 84)
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == torch.uint8
     env.close()
     pool.close()
 

@@ -55,8 +55,14 @@ def test_unknown_id_suggests_close_names():
 
 
 def test_unknown_id_of_a_separate_package_says_where_it_lives():
-    with pytest.raises(EnvError, match=r"ALE/Pong-v5.*Atari ids come with ale-py: `pip install ale-py`"):
-        make_env("ALE/Pong-v5")
+    if importlib.util.find_spec("ale_py") is None:
+        with pytest.raises(
+            EnvError, match=r"ALE/Pong-v5.*Atari games need ale-py.*pip install 'phalanx\[atari\]'"
+        ):
+            make_env("ALE/Pong-v5")
+    else:
+        with pytest.raises(EnvError, match=r"Unknown Atari id 'ALE/Pongg-v5'.*Did you mean: ALE/Pong-v5"):
+            make_env("ALE/Pongg-v5")
     if importlib.util.find_spec("envpool") is not None:
         with pytest.raises(EnvError, match="EnvPool has it: use 'envpool:Pong-v5'"):
             make_env("Pong-v5")
@@ -111,7 +117,9 @@ def test_register_refuses_builtin_ids_and_non_vecenv_factories(env_id):
 
 def test_list_envs():
     envs = list_envs()
-    assert set(envs) == {"builtin", "registered", "gymnasium", "needs_extra"}
+    assert set(envs) == {"builtin", "registered", "gymnasium", "needs_extra", "atari"}
+    assert envs["atari"] is None or "ALE/Pong-v5" in envs["atari"]
+    assert not any(env_id.startswith("ALE/") for env_id in envs["gymnasium"])
     assert envs["builtin"] == sorted([*CLASSIC_ENVS, "StockTrading-v0"])
     assert "CartPole-v1" in envs["gymnasium"] and "Ant-v2" not in envs["gymnasium"]
     assert set(envs["needs_extra"]) <= set(envs["gymnasium"])

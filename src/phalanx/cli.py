@@ -524,6 +524,18 @@ def cmd_envs(argv: list[str]) -> int:
             f"Gymnasium ids that need phalanx[{extra}] (not installed):",
             wrapped(", ".join(ids)),
         ]
+    atari = envs["atari"]
+    if atari is None:
+        lines += [
+            "Atari games (ALE/<Game>-v5; docs/atari.md):",
+            wrapped("need phalanx[atari] (not installed)"),
+        ]
+    else:
+        lines += [f"Atari games ({len(atari)}, preprocessed; docs/atari.md):", wrapped(", ".join(atari))]
+    lines += [
+        "EnvPool ids (phalanx[envpool]):",
+        wrapped("envpool:<id>, e.g. envpool:Pong-v5, envpool:Ant-v5"),
+    ]
     multi_agent = list_multi_agent_envs()
     lines.append("multi-agent envs (mappo, ippo, qmix, vdn, maddpg, matd3):")
     lines.append(wrapped(", ".join(multi_agent["builtin"]), "  built-in: "))

@@ -5,6 +5,7 @@ from phalanx.envs.core import BatchedVecEnv, ConcatVecEnv, EpisodeStatistics, Ve
 from phalanx.envs.registry import list_envs, load_factory, make_env, register_env
 from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 from phalanx.envs.wrappers import (
+    FrameStack,
     NanGuard,
     NormalizeObservation,
     RescaleAction,
@@ -19,6 +20,7 @@ __all__ = [
     "CheckReport",
     "ConcatVecEnv",
     "EpisodeStatistics",
+    "FrameStack",
     "GymnasiumVecEnv",
     "NanGuard",
     "NormalizeObservation",

@@ -20,7 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from phalanx.envs.core import VecEnv
+from phalanx.envs.core import DICT_PARTS, VecEnv
 from phalanx.errors import ContractError
 
 __all__ = ["CheckReport", "check_vec_env"]
@@ -318,6 +318,7 @@ class CheckerBase:
         steps run."""
         sample = self.make_action_sampler()
         self.counted = torch.zeros(self.n, dtype=torch.int64)
+        self.whole_counted = torch.zeros(self.n, dtype=torch.int64)  # see info["_episode_return"]
         step = 0
         for step in range(1, self.num_steps + 1):
             actions = sample()
@@ -476,6 +477,7 @@ class _Checker(CheckerBase):
     def __init__(self, env: Any, num_steps: int, seed: int) -> None:
         super().__init__(env, num_steps, seed)
         self.obs_shape: tuple[int, ...] | None = None
+        self.obs_dtype = torch.float32  # uint8 for a uint8 observation space
         self.returns: list[float] = []
 
     def check_structure(self) -> None:
@@ -500,25 +502,35 @@ class _Checker(CheckerBase):
                 )
         if isinstance(single_obs, gym.spaces.Box):
             self.obs_shape = tuple(single_obs.shape)
-            if single_obs.dtype != np.float32:
+            if single_obs.dtype == np.uint8:
+                self.obs_dtype = torch.uint8
+            elif single_obs.dtype != np.float32:
                 self.fail(
                     "obs_space_dtype",
                     f"single_observation_space.dtype: expected float32 (observations are float32 "
-                    f"tensors), got {single_obs.dtype}. Fix: declare Box(..., dtype=np.float32).",
+                    f"tensors) or uint8 (images), got {single_obs.dtype}. Fix: declare "
+                    "Box(..., dtype=np.float32), or np.uint8 for images.",
                 )
+        elif isinstance(single_obs, gym.spaces.Dict) and all(
+            isinstance(part, DICT_PARTS) for part in single_obs.spaces.values()
+        ):
+            self.obs_shape = (int(gym.spaces.flatdim(single_obs)),)  # flat float32 vectors
         elif isinstance(single_obs, gym.spaces.Space):
             self.fail(
                 "obs_space_type",
-                f"single_observation_space: expected a Box (phalanx networks read float32 arrays), got "
-                f"{single_obs}. Fix: flatten or one-hot the observation into a float32 Box.",
+                f"single_observation_space: expected a Box (float32, or uint8 images) or a Dict of Box, "
+                f"Discrete and MultiBinary parts, got {single_obs}. Fix: flatten or one-hot the "
+                "observation into a float32 Box.",
             )
-        if isinstance(single_act, gym.spaces.Space) and not isinstance(
-            single_act, (gym.spaces.Box, gym.spaces.Discrete)
+        if isinstance(single_act, gym.spaces.Space) and not (
+            isinstance(single_act, (gym.spaces.Box, gym.spaces.Discrete))
+            or (isinstance(single_act, gym.spaces.MultiDiscrete) and len(single_act.shape) == 1)
         ):
             self.fail(
                 "act_space_type",
-                f"single_action_space: expected a Box or Discrete, got {single_act}. Fix: flatten the "
-                "action space (e.g. one Discrete over all combinations, or a Box).",
+                f"single_action_space: expected a Box, Discrete or one-dimensional MultiDiscrete, got "
+                f"{single_act}. Fix: flatten the action space (e.g. one Discrete over all combinations, or a "
+                "Box).",
             )
         for name, single, batched in (
             ("observation_space", single_obs, env.observation_space),
@@ -537,14 +549,15 @@ class _Checker(CheckerBase):
 
     def check_obs(self, where: str, obs: Any) -> bool:
         shape = (self.n, *self.obs_shape) if self.obs_shape is not None else None
-        return self.check_tensor(where, obs, shape, torch.float32, finite=True)
+        return self.check_tensor(where, obs, shape, self.obs_dtype, finite=True)
 
     # -- actions -----------------------------------------------------------------------------------
     def make_action_sampler(self) -> Any:
         single = self.env.single_action_space
         batched = batch_space(single, self.n)
         batched.seed(self.seed)
-        dtype = torch.int64 if isinstance(single, gym.spaces.Discrete) else torch.float32
+        integer = isinstance(single, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        dtype = torch.int64 if integer else torch.float32
         device = self.device or torch.device("cpu")
 
         def sample() -> torch.Tensor:
@@ -568,8 +581,12 @@ class _Checker(CheckerBase):
         self.counted += 1
         self.check_final_obs(step, info, obs if obs_ok else None, done)
         self.check_final_mask(step, info, done)
-        self.check_episode_return(info, done)
-        self.check_episode_length(step, info, done)
+        statistics_rows = self.check_statistics_rows(step, info, done)
+        self.check_episode_return(info, done if statistics_rows is None else statistics_rows)
+        if statistics_rows is None:
+            self.check_episode_length(step, info, done)
+        else:
+            self.check_whole_episode_length(step, info, statistics_rows)
         self.counted[done] = 0
 
     def check_final_obs(self, step: int, info: dict, obs: torch.Tensor | None, done: torch.Tensor) -> None:
@@ -596,8 +613,48 @@ class _Checker(CheckerBase):
             )
         self.note_ended(done, same)
 
+    def check_statistics_rows(self, step: int, info: dict, done: torch.Tensor) -> torch.Tensor | None:
+        """``info["_episode_return"]`` where the env sets it: a bool ``(num_envs,)`` tensor true only where
+        an episode ended (a whole, e.g. an Atari game, ends with one of its parts); None if absent."""
+        rows = info.get("_episode_return")
+        if rows is None or not self.check_tensor(
+            'step() info["_episode_return"]', rows, (self.n,), torch.bool
+        ):
+            return None
+        rows = rows.cpu()
+        wrong = first_true(rows & ~done)
+        if wrong is not None:
+            self.fail(
+                "_episode_return:not_ended",
+                f'step() info["_episode_return"] at step {step}, sub-env index {wrong[0]}: true where the '
+                "episode did not end (terminated | truncated false). Fix: report the statistics of the "
+                "whole episode at the step of its last part, which ends (terminated or truncated) too.",
+            )
+        return rows
+
+    def check_whole_episode_length(self, step: int, info: dict, rows: torch.Tensor) -> None:
+        """With ``info["_episode_return"]``: the lengths it marks count the steps since that row's previous
+        whole episode ended (or reset)."""
+        self.whole_counted += 1
+        length = info.get("episode_length")
+        if isinstance(length, torch.Tensor) and length.shape == (self.n,):
+            got = length.cpu()[rows]
+            expected = self.whole_counted[rows]
+            wrong = first_true(got != expected)
+            if wrong is not None:
+                index = int(torch.nonzero(rows).flatten()[wrong[0]])
+                self.fail(
+                    "episode_length:whole",
+                    f'step() info["episode_length"] at step {step}, sub-env index {index}: expected '
+                    f"{int(self.whole_counted[index])} (steps since that sub-env's previous whole episode "
+                    f'ended, as info["_episode_return"] marks them), got {int(length[index])}.',
+                )
+            self.lengths.extend(int(v) for v in got)
+        self.whole_counted[rows] = 0
+
     def check_episode_return(self, info: dict, done: torch.Tensor) -> None:
-        """``info["episode_return"]``: a float32 (num_envs,) tensor, valid where an episode ended."""
+        """``info["episode_return"]``: a float32 (num_envs,) tensor, valid where an episode ended (``done``:
+        those rows, or those of ``info["_episode_return"]``)."""
         value = self.missing(
             info,
             "episode_return",

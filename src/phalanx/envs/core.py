@@ -3,7 +3,7 @@
 Every environment the learner sees is a :class:`VecEnv`. The contract (see DESIGN.md):
 
 - ``reset(seed=None, options=None) -> (obs, info)`` with ``obs`` of shape ``(num_envs, *obs_shape)``,
-  float32, on ``device``.
+  float32 (uint8 for a uint8 observation space: images), on ``device``.
 - ``step(actions) -> (obs, reward, terminated, truncated, info)``; ``reward`` float32 ``(num_envs,)``,
   ``terminated``/``truncated`` bool ``(num_envs,)``, all on ``device``.
 - Same-step autoreset: a sub-env whose episode ends is reset inside ``step``. Its ``obs`` row is the
@@ -11,7 +11,10 @@ Every environment the learner sees is a :class:`VecEnv`. The contract (see DESIG
   row*: the last observation of the finished episode where ``terminated | truncated``, and equal to
   ``obs`` elsewhere. ``info["_final_obs"]`` is the boolean mask of rows that ended.
 - ``info["episode_return"]`` and ``info["episode_length"]`` are ``(num_envs,)`` tensors, valid where
-  an episode ended (the same mask).
+  an episode ended (the same mask), or where ``info["_episode_return"]`` says if the env sets it: an
+  env whose learning episodes are parts of a longer one (Atari with episodic life: ``terminated`` at
+  every life lost) reports the statistics of the whole (the game score) where that ends
+  (:func:`episode_ends`).
 
 :class:`BatchedVecEnv` implements all of the bookkeeping (autoreset, time limit, episode statistics,
 seeding, checkpointable state) so that a simulator only writes its physics in three methods.
@@ -53,11 +56,20 @@ def as_device(device: str | torch.device) -> torch.device:
 def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
     """The space a phalanx adapter presents for a simulator's ``space`` (``role``: observation or action).
 
-    A Box becomes a float32 Box with the same bounds; a ``Discrete(n)`` observation becomes the float32
-    one-hot ``Box(0, 1, (n,))`` (an index fed as a number would order the states meaninglessly); a
-    Discrete action stays Discrete. Anything else is unsupported: None, for the adapter to explain.
+    Observations: a uint8 Box stays a uint8 Box (images: one byte a pixel on the device and in buffers;
+    the networks scale them); any other Box becomes a float32 Box with the same bounds; a ``Discrete(n)``
+    becomes the float32 one-hot ``Box(0, 1, (n,))`` (an index fed as a number would order the states
+    meaninglessly); a ``Dict`` of Box, Discrete and MultiBinary parts is presented as that Dict space,
+    while its observation tensors are the float32 vectors of ``gymnasium.spaces.flatten`` (the parts by
+    sorted key, Discrete parts one-hot; see :func:`flat_observation`). Actions: a Discrete space stays
+    Discrete, a Box becomes float32, a one-dimensional ``MultiDiscrete(nvec)`` becomes
+    ``MultiDiscrete(nvec)`` starting at 0 (int64 actions ``(N, k)``, column i in ``[0, nvec[i])``; an
+    adapter adds the simulator's ``start``). Anything else is unsupported: None, for the adapter to
+    explain (:func:`unsupported_space`).
     """
     if isinstance(space, gym.spaces.Box):
+        if role == "observation" and space.dtype == np.uint8:
+            return gym.spaces.Box(space.low, space.high, shape=space.shape, dtype=np.uint8)
         return gym.spaces.Box(
             space.low.astype(np.float32), space.high.astype(np.float32), shape=space.shape, dtype=np.float32
         )
@@ -65,7 +77,37 @@ def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
         if role == "observation":
             return gym.spaces.Box(0.0, 1.0, shape=(int(space.n),), dtype=np.float32)
         return gym.spaces.Discrete(int(space.n), start=int(space.start))
+    if isinstance(space, gym.spaces.Dict) and role == "observation":
+        if all(isinstance(part, DICT_PARTS) for part in space.spaces.values()):
+            return space
+        return None
+    if isinstance(space, gym.spaces.MultiDiscrete) and role == "action" and len(space.nvec.shape) == 1:
+        return gym.spaces.MultiDiscrete(space.nvec.astype(np.int64))
     return None
+
+
+DICT_PARTS = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary)
+"""The parts a Dict observation space may have (what the networks' Dict encoder reads)."""
+
+SUPPORTED_SPACES = {
+    "observation": "Box (uint8 stays uint8, others become float32), Discrete (one-hot) and Dict (of Box, "
+    "Discrete and MultiBinary parts, flattened)",
+    "action": "Discrete, Box and one-dimensional MultiDiscrete",
+}
+"""The spaces :func:`tensor_space` supports, per role, for error messages."""
+
+
+def unsupported_space(space: gym.Space, role: str, simulator: str, fix: str) -> EnvError:
+    """The error for a ``role`` space of ``simulator`` that :func:`tensor_space` does not support: the
+    space, its offending Dict part if that is what is wrong, what is supported, and ``fix``."""
+    problem = f"{simulator} has {role} space {space}"
+    if isinstance(space, gym.spaces.Dict) and role == "observation":
+        parts = [
+            f"{key!r} ({part})" for key, part in space.spaces.items() if not isinstance(part, DICT_PARTS)
+        ]
+        plural = "s" if len(parts) > 1 else ""
+        problem += f", whose part{plural} {', '.join(parts)} cannot be flattened for the networks"
+    return EnvError(f"{problem}; phalanx supports {role} spaces {SUPPORTED_SPACES[role]}. {fix}")
 
 
 def supported_tensor_space(space: gym.Space, role: str, simulator: str, fix: str) -> gym.Space:
@@ -73,10 +115,37 @@ def supported_tensor_space(space: gym.Space, role: str, simulator: str, fix: str
     space (``fix``: what the user can do instead)."""
     converted = tensor_space(space, role)
     if converted is None:
-        raise EnvError(
-            f"{simulator} has {role} space {space}; phalanx supports Box and Discrete {role} spaces. {fix}"
-        )
+        raise unsupported_space(space, role, simulator, fix)
     return converted
+
+
+def observation_dtype(space: gym.Space) -> np.dtype:
+    """The numpy dtype of the observation arrays of a :func:`tensor_space` observation space: uint8 for
+    a uint8 Box, float32 otherwise (Dict observations are flat float32 vectors)."""
+    if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
+
+
+def observation_shape(space: gym.Space) -> tuple[int, ...]:
+    """The shape of one observation tensor of a :func:`tensor_space` observation space (a Dict's:
+    ``(flatdim,)``)."""
+    if isinstance(space, gym.spaces.Dict):
+        return (int(gym.spaces.flatdim(space)),)
+    return tuple(space.shape)
+
+
+def flat_observation(space: gym.spaces.Dict, observation: Any) -> np.ndarray:
+    """One Dict observation as the float32 vector the VecEnv contract hands out (``gymnasium.spaces.
+    flatten``: parts by sorted key, Discrete parts one-hot, each part flattened)."""
+    return np.asarray(gym.spaces.flatten(space, observation), dtype=np.float32)
+
+
+def episode_ends(info: dict[str, Any]) -> Tensor:
+    """The rows of a step whose ``info["episode_return"]`` / ``info["episode_length"]`` are valid:
+    ``info["_episode_return"]`` where the env sets it (Atari with episodic life: the game, not the life,
+    ended), else ``info["_final_obs"]`` (every ended episode)."""
+    return info.get("_episode_return", info["_final_obs"])
 
 
 class VecEnv(gym.vector.VectorEnv):
@@ -198,22 +267,34 @@ def action_layout(
     space: gym.Space, num_envs: int, integer_dtype: torch.dtype
 ) -> tuple[tuple[int, ...], torch.dtype]:
     """The shape and dtype of a batch of ``num_envs`` actions of ``space``: ``(num_envs,)`` of
-    ``integer_dtype`` for a Discrete space, ``(num_envs, *space.shape)`` float32 otherwise."""
+    ``integer_dtype`` for a Discrete space, ``(num_envs, k)`` of ``integer_dtype`` for a
+    ``MultiDiscrete`` of k columns, ``(num_envs, *space.shape)`` float32 otherwise."""
     if isinstance(space, gym.spaces.Discrete):
         return (num_envs,), integer_dtype
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return (num_envs, *space.shape), integer_dtype
     return (num_envs, *space.shape), torch.float32
 
 
-def step_info(final_obs: Any, done: Tensor, episode_return: Any, episode_length: Tensor) -> dict[str, Any]:
+def step_info(
+    final_obs: Any,
+    done: Tensor,
+    episode_return: Any,
+    episode_length: Tensor,
+    statistics_rows: Tensor | None = None,
+) -> dict[str, Any]:
     """The ``info`` a step returns under the contract: the true next observation of every row, the mask
     ``terminated | truncated`` of the rows it is the last one of, and the episode statistics (valid
-    where ``done``)."""
-    return {
+    where ``done``, or where ``statistics_rows`` says when given: ``info["_episode_return"]``)."""
+    info = {
         "final_obs": final_obs,
         "_final_obs": done,
         "episode_return": episode_return,
         "episode_length": episode_length,
     }
+    if statistics_rows is not None:
+        info["_episode_return"] = statistics_rows
+    return info
 
 
 class StatisticsCheckpoint:
@@ -540,6 +621,8 @@ def concat_transitions(
     """The step results of several VecEnvs as one: every array concatenated along the row dimension."""
     obs, reward, terminated, truncated = (torch.cat([part[i] for part in parts]) for i in range(4))
     info = {key: torch.cat([part[4][key] for part in parts]) for key in _CONTRACT_INFO}
+    if any("_episode_return" in part[4] for part in parts):
+        info["_episode_return"] = torch.cat([episode_ends(part[4]) for part in parts])
     return obs, reward, terminated, truncated, info
 
 
@@ -552,7 +635,7 @@ class ConcatVecEnv(VecEnv):
     Used for double buffering: the training worker steps the parts one after another with
     ``step_async`` / ``step_wait``, computing the actions of one part while another steps; seen as a
     whole (``step``, ``reset``, checkpoints) it is one VecEnv. ``reset(seed=s)`` gives the part that
-    starts at row ``r`` the seed ``s + r``. Only the four contract keys of ``info`` are kept.
+    starts at row ``r`` the seed ``s + r``. Only the contract keys of ``info`` are kept.
     """
 
     def __init__(self, parts: list[VecEnv]) -> None:

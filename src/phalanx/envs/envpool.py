@@ -14,6 +14,18 @@ without an extra step: after a step in which rows ended, it resets exactly those
 reset draws the same random initial state that EnvPool's own autoreset would have drawn. The price
 is a second call into EnvPool on steps where some sub-env ended: negligible for long episodes
 (MuJoCo's 1000 steps), noticeable when episodes last a few dozen steps.
+
+Atari (``envpool:Pong-v5``, ``envpool:Breakout-v5``, ...): EnvPool's own preprocessing (noop reset, frame
+skip 4 with max-pool, 84x84 grey, 4 stacked frames, uint8), with episodic life and reward clipping on
+by default as CleanRL's ``ppo_atari_envpool.py`` sets them (:data:`ATARI_DEFAULTS`). The learner sees
+clipped rewards and ``terminated`` at every life lost; the episode statistics are the game's: the
+unclipped score (EnvPool's ``info["reward"]``) summed until the game is over (``info["terminated"]``) or
+truncated, reported at that step with ``info["_episode_return"]`` (as CleanRL's RecordEpisodeStatistics
+for EnvPool does). Episodic life is the adapter's, on EnvPool's ``info["lives"]``: EnvPool's own
+ends the life's episode inside the pool, and an explicit ``pool.reset(env_ids)`` (which the same-step
+conversion needs) then restarts the whole game; here the game simply goes on after a life is lost
+(the row's next observation is the next frame, as after Stable-Baselines3's EpisodicLifeEnv, without
+its no-op step).
 """
 
 from __future__ import annotations
@@ -47,6 +59,10 @@ _RESERVED = {
     "env_seed": "seed with reset(seed=s) or seed=s; sub-env i then draws from seed s + i",
 }
 _SEED_RANGE = (-(2**31), 2**31 - 1)  # EnvPool seeds are C++ int32
+ATARI_DEFAULTS = {"episodic_life": True, "reward_clip": True}
+"""EnvPool Atari settings that differ from EnvPool's defaults, as CleanRL's ppo_atari_envpool.py sets them
+(pass ``episodic_life=False`` or ``reward_clip=False`` to make_env to change them); ``episodic_life`` is
+implemented by the adapter (see the module docstring)."""
 
 
 class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
@@ -61,14 +77,18 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
             e.g. ``num_threads=4``, ``max_episode_steps=200``, ``seed=7`` (the seed of the first
             :meth:`reset` without a seed; EnvPool's default is 42) or Atari's ``episodic_life=True``.
 
-    Conversions: observations become float32 tensors of the same shape. Atari frames (uint8
-    ``(stack, 84, 84)``) are converted to float32 values in ``[0, 255]``, not rescaled: divide by 255
-    in the network (or normalise observations). A ``Discrete(n)`` observation (toy-text tasks) becomes
-    a float32 one-hot vector of length ``n``. Rewards become float32, ``terminated``/``truncated`` bool.
+    Conversions: observations become float32 tensors of the same shape, except uint8 ones: Atari frames
+    stay uint8 ``(stack, 84, 84)`` tensors (the networks scale them by 1/255; buffers keep one byte a
+    pixel). A ``Discrete(n)`` observation (toy-text tasks) becomes a float32 one-hot vector of length
+    ``n``. Rewards become float32, ``terminated``/``truncated`` bool.
     Actions arrive as torch tensors (or numpy arrays): int64 ``(num_envs,)`` for ``Discrete``, float32
     ``(num_envs, *shape)`` for ``Box``; they are checked for shape (and range, for ``Discrete``) and
     handed to EnvPool in its own dtype. EnvPool's own info keys (``elapsed_step``, Atari's ``lives``,
     ...) are passed through as numpy arrays that describe the step's transition, before any reset.
+
+    Atari: episodic life and reward clipping are on unless passed (:data:`ATARI_DEFAULTS`), and
+    ``info["episode_return"]`` / ``["episode_length"]`` are the game's unclipped score and its length in
+    steps, valid where ``info["_episode_return"]`` (the game ended), not at every life lost.
 
     Autoreset: same-step, as the contract requires (see the module docstring for how EnvPool's
     next-step autoreset is converted). EnvPool derives ``terminated = done & ~truncated``, so a step
@@ -120,6 +140,14 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
             self._check_seed(kwargs["seed"], "seed")
         self._envpool = envpool
         self._make_kwargs = {key: value for key, value in kwargs.items() if key != "seed"}
+        self.atari = set(ATARI_DEFAULTS) <= set(envpool.make_spec(env_id).config._fields)
+        """An Atari task: game statistics from EnvPool's info (unclipped score, game over)."""
+        self.episodic_life = False
+        """Atari: ``terminated`` at every life lost, the game going on (the adapter's, not EnvPool's)."""
+        if self.atari:
+            settings = {**ATARI_DEFAULTS, **self._make_kwargs}
+            self.episodic_life = bool(settings.pop("episodic_life"))
+            self._make_kwargs = {**settings, "episodic_life": False}
         self.pool = self._make_pool(int(num_envs), kwargs.get("seed"))
         self._seed = int(self.pool.config["seed"])
         self._fresh = True  # built with self._seed and neither reset nor stepped since
@@ -135,12 +163,14 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
         super().__init__(int(num_envs), single_obs, single_act, device)
         self._obs_is_discrete = isinstance(raw_obs_space, gym.spaces.Discrete)
         self._obs_start = int(raw_obs_space.start) if self._obs_is_discrete else 0
-        self._obs_is_float32 = not self._obs_is_discrete and raw_obs_space.dtype == np.float32
+        self._obs_dtype = torch.uint8 if single_obs.dtype == np.uint8 else torch.float32
+        self._obs_is_wrapped = not self._obs_is_discrete and raw_obs_space.dtype in (np.float32, np.uint8)
         self._discrete_act = isinstance(raw_act_space, gym.spaces.Discrete)
         self._action_shape = (self.num_envs,) if self._discrete_act else (self.num_envs, *raw_act_space.shape)
         self._action_dtype = np.dtype(self.pool.spec.action_array_spec["action"].dtype)
         self._on_cpu = self.device.type == "cpu"
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
+        """Of the episodes, or for Atari of the games (unclipped score until game over)."""
 
     # -- construction helpers ----------------------------------------------------------------------
     def _unknown_id(self, envpool: ModuleType) -> EnvError:
@@ -205,15 +235,16 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
 
     # -- conversions -------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> Tensor:
-        """EnvPool hands out a fresh array per batch, so a float32 batch on CPU is wrapped, not copied."""
+        """EnvPool hands out a fresh array per batch, so a float32 or uint8 batch on CPU is wrapped, not
+        copied."""
         if self._obs_is_discrete:
             index = torch.from_numpy(np.asarray(obs, dtype=np.int64) - self._obs_start)
             return torch.nn.functional.one_hot(index, self.single_observation_space.shape[0]).to(
                 self.device, torch.float32
             )
-        if self._obs_is_float32 and self._on_cpu:
+        if self._obs_is_wrapped and self._on_cpu:
             return torch.from_numpy(obs)
-        return torch.from_numpy(obs).to(self.device, torch.float32)
+        return torch.from_numpy(obs).to(self.device, self._obs_dtype)
 
     def _actions_numpy(self, actions: Any) -> np.ndarray:
         if isinstance(actions, torch.Tensor):
@@ -272,6 +303,8 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
         self._fresh = False
         self._needs_reset = False
         self.episode_statistics.reset()
+        if self.episodic_life:
+            self._lives = np.array(info["lives"])
         return self._obs_tensor(obs), dict(info)
 
     def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
@@ -280,8 +313,12 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
         raw_obs, raw_reward, raw_terminated, raw_truncated, raw_info = self.pool.step(
             self._actions_numpy(actions)
         )
-        ended = raw_terminated | raw_truncated  # numpy (num_envs,) bool
+        ended = raw_terminated | raw_truncated  # numpy (num_envs,) bool: the sub-envs to reset
         next_obs = self._obs_tensor(raw_obs)  # the true next observation of every row
+        if self.episodic_life:  # a life lost ends the learner's episode; the game goes on
+            lives = np.array(raw_info["lives"])
+            raw_terminated = raw_terminated | ((0 < lives) & (lives < self._lives))
+            self._lives = lives
         if ended.any():
             # EnvPool would reset these rows on the next step (ignoring their actions); reset them now.
             reset_obs, reset_info = self.pool.reset(np.flatnonzero(ended).astype(np.int32))
@@ -289,15 +326,24 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
             rows = torch.from_numpy(reset_info["env_id"].astype(np.int64)).to(self.device)
             obs[rows] = self._obs_tensor(reset_obs)
             final_obs = next_obs
+            if self.episodic_life:
+                self._lives[reset_info["env_id"]] = reset_info["lives"]
         else:
             obs, final_obs = next_obs, next_obs.clone()
         reward = torch.from_numpy(raw_reward).to(self.device, torch.float32)
         terminated = torch.from_numpy(raw_terminated).to(self.device)
         truncated = torch.from_numpy(raw_truncated).to(self.device)
-        done = torch.from_numpy(ended).to(self.device)
-        episode_return, episode_length = self.episode_statistics.step(reward, done)
-        info = {**raw_info, **step_info(final_obs, done, episode_return, episode_length)}
-        return obs, reward, terminated, truncated, info
+        if self.atari:  # the game's score and length, reported when the game is over
+            game_over = torch.from_numpy(ended).to(self.device)
+            done = terminated | truncated
+            score = torch.from_numpy(raw_info["reward"]).to(self.device, torch.float32)
+            episode_return, episode_length = self.episode_statistics.step(score, game_over)
+            statistics = step_info(final_obs, done, episode_return, episode_length, game_over)
+        else:
+            done = torch.from_numpy(ended).to(self.device)
+            episode_return, episode_length = self.episode_statistics.step(reward, done)
+            statistics = step_info(final_obs, done, episode_return, episode_length)
+        return obs, reward, terminated, truncated, {**raw_info, **statistics}
 
     def close(self, **kwargs: Any) -> None:
         if not self.closed:

@@ -6,7 +6,9 @@
 2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS`` and ``StockTrading-v0``);
 3. ``"<backend>:<id>"`` for the imported simulators in :data:`BACKENDS`: ``gym:`` forces the
    Gymnasium adapter, ``envpool:`` EnvPool's C++ envs, ``brax:`` and ``gymnax:`` JAX simulators;
-4. any other id in Gymnasium's registry, through the Gymnasium adapter.
+4. ``ALE/<Game>-v5``: Atari games with the standard preprocessing and 4 stacked frames
+   (:func:`~phalanx.envs.atari.make_atari_env`; ``gym:ALE/<Game>-v5`` gives the raw game);
+5. any other id in Gymnasium's registry, through the Gymnasium adapter.
 
 Gymnasium ids step in this process one after another (:class:`~phalanx.envs.workers.GymnasiumVecEnv`)
 with ``num_workers=0``, or in ``num_workers`` processes (:class:`~phalanx.envs.workers.ProcessVecEnv`).
@@ -25,6 +27,7 @@ import gymnasium as gym
 import torch
 
 from phalanx.config import import_user_module
+from phalanx.envs.atari import atari_game_ids, is_atari_id, make_atari_env
 from phalanx.envs.classic import CLASSIC_ENVS
 from phalanx.envs.core import VecEnv
 from phalanx.envs.gymnasium_ids import gymnasium_extra, gymnasium_unavailable
@@ -91,16 +94,22 @@ def registered_factories() -> dict[str, VecEnvFactory]:
 
 def list_envs() -> dict[str, Any]:
     """Every id :func:`make_env` accepts: ``{"builtin": [...], "registered": [...], "gymnasium": [...],
-    "needs_extra": {gymnasium_id: extra}}``. The Gymnasium ids are those phalanx can run (not those
-    :func:`gymnasium_unavailable` names); ``needs_extra`` marks the ones whose simulator a phalanx extra
-    installs that is not installed here."""
-    gymnasium = sorted(env_id for env_id in gym.envs.registry if gymnasium_unavailable(env_id) is None)
+    "needs_extra": {gymnasium_id: extra}, "atari": [...] or None}``. The Gymnasium ids are those phalanx
+    can run (not those :func:`gymnasium_unavailable` names); ``needs_extra`` marks the ones whose
+    simulator a phalanx extra installs that is not installed here. ``atari``: the ``ALE/<Game>-v5`` ids
+    (preprocessed, see :mod:`phalanx.envs.atari`), None where ale-py (the atari extra) is not installed."""
+    gymnasium = sorted(
+        env_id
+        for env_id in gym.envs.registry
+        if gymnasium_unavailable(env_id) is None and not is_atari_id(env_id)
+    )
     extras = {env_id: gymnasium_extra(env_id) for env_id in gymnasium}
     return {
         "builtin": sorted(_builtin()),
         "registered": sorted(_REGISTERED),
         "gymnasium": gymnasium,
         "needs_extra": {env_id: extra for env_id, extra in extras.items() if extra is not None},
+        "atari": atari_game_ids(),
     }
 
 
@@ -120,7 +129,7 @@ ELSEWHERE_HINTS = ("phalanx.marl.registry:single_agent_hint",)
 ``"module:attribute"`` and imported only when an id is unknown (they sit in the layers above)."""
 
 # Gymnasium namespaces whose ids a separate package registers: namespace -> how to get them.
-_NAMESPACES = {"ALE": "The Atari ids come with ale-py: `pip install ale-py`, then `import ale_py` first"}
+_NAMESPACES = {"ALE": "The Atari ids (ALE/<Game>-v5) come with ale-py: `pip install 'phalanx[atari]'`"}
 
 
 def _elsewhere(env_id: str) -> str:
@@ -194,18 +203,24 @@ def make_env(
     """Build ``num_envs`` copies of ``env_id`` as one VecEnv on ``device``; reset with ``seed`` if given.
 
     ``kwargs`` go to the env's constructor (``gymnasium.make`` for Gymnasium ids, e.g.
-    ``render_mode="rgb_array"``). ``num_workers > 0`` steps a Gymnasium env's copies in that many
+    ``render_mode="rgb_array"``; :func:`~phalanx.envs.atari.make_atari_env` for ``ALE/<Game>-v5``, e.g.
+    ``repeat_action_probability=0.0``). ``num_workers > 0`` steps a Gymnasium env's copies in that many
     processes (:class:`~phalanx.envs.workers.ProcessVecEnv`, configured by ``worker_options``, e.g.
-    ``{"max_restarts": 3}``); it applies only to Gymnasium ids, since every other env is already batched.
+    ``{"max_restarts": 3}``); it applies only to Gymnasium ids (Atari's included), since every other
+    env is already batched.
     """
     if not isinstance(env_id, str) or not env_id:
         raise EnvError(f"make_env: env_id must be a non-empty string such as 'CartPole-v1', got {env_id!r}.")
     backend, sep, backend_id = env_id.partition(":")
     gym_id = env_id.removeprefix(_GYM_PREFIX)
+    is_atari = is_atari_id(env_id) and env_id not in _REGISTERED
     is_gym = env_id.startswith(_GYM_PREFIX) or (
-        env_id not in _REGISTERED and env_id not in _builtin() and not (sep and backend in BACKENDS)
+        env_id not in _REGISTERED
+        and env_id not in _builtin()
+        and not (sep and backend in BACKENDS)
+        and not is_atari
     )
-    if num_workers and not is_gym:
+    if num_workers and not (is_gym or is_atari):
         hint = (
             f" For Gymnasium's own {env_id!r} in worker processes, use 'gym:{env_id}'."
             if (env_id in gym.envs.registry)
@@ -222,7 +237,11 @@ def make_env(
         env = _call_factory(env_id, builtin[env_id], num_envs, device, kwargs)
     elif sep and backend in BACKENDS:
         env = _backend_class(env_id, backend)(backend_id, num_envs=num_envs, device=device, **kwargs)
+    elif is_atari:
+        env = make_atari_env(env_id, num_envs, device, num_workers, worker_options, **kwargs)
     else:
+        if is_atari_id(gym_id):
+            _ale_registered(env_id)
         if gym_id not in gym.envs.registry:
             raise _unknown(env_id)
         if num_workers:
@@ -239,6 +258,19 @@ def make_env(
     if seed is not None:
         env.reset(seed=seed)
     return env
+
+
+def _ale_registered(env_id: str) -> None:
+    """Register ale-py's ids with Gymnasium (for a raw ``gym:ALE/...`` id); the atari extra's error if
+    ale-py is missing."""
+    import_optional(
+        "ale_py",
+        EnvError,
+        f"make_env({env_id!r}): the Atari games need ale-py, which is not installed. Install it with "
+        "`pip install 'phalanx[atari]'`.",
+        packages=("ale_py",),
+    )
+    gym.register_envs(importlib.import_module("ale_py"))
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

@@ -23,7 +23,17 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from phalanx.envs.core import EpisodeStatistics, Tensor, VecEnv, tensor_space
+from phalanx.envs.core import (
+    EpisodeStatistics,
+    Tensor,
+    VecEnv,
+    flat_observation,
+    observation_dtype,
+    observation_shape,
+    step_info,
+    tensor_space,
+    unsupported_space,
+)
 from phalanx.envs.gymnasium_ids import GYMNASIUM_EXTRAS, gymnasium_unavailable
 from phalanx.errors import EnvError
 from phalanx.pool import OK, Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, copy_out, frame
@@ -140,6 +150,7 @@ class _GymnasiumAdapter(VecEnv):
         num_envs: int,
         device: str | torch.device,
         render_mode: str | None,
+        statistics_from_info: bool,
         kwargs: dict[str, Any],
     ) -> None:
         self.env_id = _env_name(env)
@@ -159,6 +170,7 @@ class _GymnasiumAdapter(VecEnv):
         self.render_mode = render_mode
         self._num_envs_requested = int(num_envs)
         self._device_requested = device
+        self.statistics_from_info = bool(statistics_from_info)
 
     def _set_spaces(
         self, obs_space: gym.Space, act_space: gym.Space, render_modes: list[str], fps: Any
@@ -168,18 +180,31 @@ class _GymnasiumAdapter(VecEnv):
         VecEnv.__init__(self, self._num_envs_requested, single_obs, single_act, self._device_requested)
         self.metadata = {**VecEnv.metadata, "render_modes": list(render_modes), "render_fps": fps}
         self._obs_space = obs_space
-        self._discrete_act = isinstance(act_space, gym.spaces.Discrete)
-        self._action_shape = (self.num_envs,) if self._discrete_act else (self.num_envs, *act_space.shape)
+        self._obs_dtype = observation_dtype(single_obs)
+        self._integer_act = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        self._action_shape = (
+            (self.num_envs,)
+            if isinstance(act_space, gym.spaces.Discrete)
+            else (self.num_envs, *act_space.shape)
+        )
+        # a MultiDiscrete is presented starting at 0; the simulator gets its own start added
+        self._action_start = (
+            np.asarray(act_space.start, dtype=np.int64)
+            if isinstance(act_space, gym.spaces.MultiDiscrete) and np.any(act_space.start)
+            else None
+        )
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
 
     # -- spaces ------------------------------------------------------------------------------------
     def _unsupported(self, which: str, space: gym.Space) -> EnvError:
         self.close()
-        return EnvError(
-            f"Environment {self.env_id!r} has {which} space {space}; phalanx supports Box and Discrete "
-            f"{which} spaces. Fix: flatten it with a Gymnasium wrapper (e.g. "
-            f"gymnasium.wrappers.FlattenObservation for Dict/Tuple observations) in an env factory, and "
-            f"pass that factory to {type(self).__name__}."
+        return unsupported_space(
+            space,
+            which,
+            f"Environment {self.env_id!r}",
+            "Fix: convert it with a Gymnasium wrapper (e.g. gymnasium.wrappers.FlattenObservation for "
+            "Tuple observations, or an observation wrapper that drops or encodes the unsupported part) in "
+            f"an env factory, and pass that factory to {type(self).__name__}.",
         )
 
     def _convert_space(self, space: gym.Space, role: str) -> gym.Space:
@@ -190,23 +215,25 @@ class _GymnasiumAdapter(VecEnv):
 
     # -- conversions -------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> Tensor:
+        """A batch of observations (Dict ones already flat) as the tensor the contract hands out: uint8
+        stays uint8, Discrete becomes one-hot, the rest float32."""
         if isinstance(self._obs_space, gym.spaces.Discrete):
             index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
             return torch.nn.functional.one_hot(index, int(self._obs_space.n)).to(self.device, torch.float32)
-        return copy_out(np.asarray(obs, dtype=np.float32), self.device)
+        return copy_out(np.asarray(obs, dtype=self._obs_dtype), self.device)
 
     def _actions_numpy(self, actions: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
         shape = self._action_shape if shape is None else shape
         if isinstance(actions, torch.Tensor):
             actions = actions.detach().cpu().numpy()
-        actions = np.asarray(actions, dtype=np.int64 if self._discrete_act else np.float32)
+        actions = np.asarray(actions, dtype=np.int64 if self._integer_act else np.float32)
         if actions.shape != shape:
             raise EnvError(
                 f"{type(self).__name__}({self.env_id!r}).step: actions have shape {actions.shape}, "
                 f"expected {shape} (num_envs={shape[0]}, action space "
                 f"{self.single_action_space}). Pass one action per sub-env."
             )
-        return actions
+        return actions if self._action_start is None else actions + self._action_start
 
     def _check_index(self, index: int) -> None:
         if self.render_mode != "rgb_array":
@@ -242,13 +269,23 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
         num_envs: number of copies.
         device: where the returned tensors live.
         render_mode: passed to every copy; ``"rgb_array"`` enables :meth:`render_frame`.
+        statistics_from_info: take the episode statistics from the sub-envs' ``info["episode"]``, as
+            Gymnasium's ``RecordEpisodeStatistics`` writes it, instead of summing the rewards the agent
+            sees: place that wrapper below wrappers that change the reward or end episodes early (Atari's
+            reward clipping and episodic life), and ``info["episode_return"]`` reports the whole
+            episode's return (the game score) at the steps where it appears, with the mask
+            ``info["_episode_return"]``; ``info["episode_length"]`` counts this env's steps since the
+            previous such step (or reset).
         **kwargs: passed to ``gymnasium.make`` (or to the factory).
 
-    Conversions: observations become float32 tensors; a ``Discrete(n)`` observation becomes a float32
+    Conversions (:func:`~phalanx.envs.core.tensor_space`): a uint8 Box observation (images) stays a uint8
+    tensor; other Box observations become float32; a ``Discrete(n)`` observation becomes a float32
     one-hot vector of length ``n`` (observation space ``Box(0, 1, (n,))``), since an index fed as a
-    number to a network would impose a meaningless order on the states. Actions arrive as torch (or
-    numpy) and go to the env as int64 (``Discrete``) or float32 (``Box``). Box and Discrete observation
-    and action spaces are supported; others raise :class:`~phalanx.errors.EnvError`.
+    number to a network would impose a meaningless order on the states; a ``Dict`` observation (Box,
+    Discrete and MultiBinary parts) keeps its Dict space and arrives as the float32 vector of
+    ``gymnasium.spaces.flatten``. Actions arrive as torch (or numpy) and go to the env as int64
+    (``Discrete``; ``MultiDiscrete``: ``(num_envs, k)``, starting at 0, the space's ``start`` added) or
+    float32 (``Box``). Other spaces raise :class:`~phalanx.errors.EnvError`.
 
     ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``. ``info["final_obs"]`` is the full
     ``(num_envs, *obs_shape)`` tensor of phalanx's convention; other info keys from the envs are
@@ -264,10 +301,11 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
         num_envs: int = 1,
         device: str | torch.device = "cpu",
         render_mode: str | None = None,
+        statistics_from_info: bool = False,
         **kwargs: Any,
     ) -> None:
         self.closed = True  # until the envs exist
-        super().__init__(env, num_envs, device, render_mode, kwargs)
+        super().__init__(env, num_envs, device, render_mode, statistics_from_info, kwargs)
         self.envs = SyncVectorEnv(
             [lambda: make_gym_env(env, self._make_kwargs)] * self._num_envs_requested,
             copy=False,
@@ -286,31 +324,57 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
     ) -> tuple[Tensor, dict[str, Any]]:
         obs, info = self.envs.reset(seed=seed, options=options)
         self.episode_statistics.reset()
-        return self._obs_tensor(obs), dict(info)
+        return self._obs_tensor(self._flat_batch(obs)), dict(info)
+
+    def _flat_batch(self, obs: Any) -> np.ndarray:
+        """The vector env's batch of observations as one array (a Dict batch: one flat row per sub-env)."""
+        if not isinstance(self._obs_space, gym.spaces.Dict):
+            return obs
+        rows = gym.vector.utils.iterate(self.envs.observation_space, obs)
+        return np.stack([flat_observation(self._obs_space, row) for row in rows])
+
+    def _flat_one(self, obs: Any) -> Any:
+        """One sub-env's observation as a row of :meth:`_flat_batch`."""
+        return flat_observation(self._obs_space, obs) if isinstance(self._obs_space, gym.spaces.Dict) else obs
 
     def step(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.envs.step(self._actions_numpy(actions))
         # SAME_STEP mode: info["final_obs"] is an object array holding the last observation of the
-        # rows that ended (None elsewhere) and info["_final_obs"] their mask.
+        # rows that ended (None elsewhere) and info["_final_obs"] their mask; info["final_info"] their
+        # step's info.
         ended = np.logical_or(terminated, truncated)
         info = dict(info)
-        obs_t = self._obs_tensor(obs)
+        flat = self._flat_batch(obs)
+        obs_t = self._obs_tensor(flat)
         if ended.any():
-            final = np.array(obs, copy=True)
+            final = np.array(flat, copy=True)
             for i in np.flatnonzero(ended):
-                final[i] = info["final_obs"][i]
-            info["final_obs"] = self._obs_tensor(final)
+                final[i] = self._flat_one(info["final_obs"][i])
+            final_t = self._obs_tensor(final)
         else:
-            info["final_obs"] = obs_t.clone()
+            final_t = obs_t.clone()
         reward_t = torch.tensor(reward, dtype=torch.float32, device=self.device)
         terminated_t = torch.tensor(terminated, dtype=torch.bool, device=self.device)
         truncated_t = torch.tensor(truncated, dtype=torch.bool, device=self.device)
         done = terminated_t | truncated_t
-        episode_return, episode_length = self.episode_statistics.step(reward_t, done)
-        info["_final_obs"] = done
-        info["episode_return"] = episode_return
-        info["episode_length"] = episode_length
+        if self.statistics_from_info:
+            episode_return, rows = self._info_statistics(info.get("final_info", {}))
+            _, episode_length = self.episode_statistics.step(torch.zeros_like(reward_t), rows)
+        else:
+            (episode_return, episode_length), rows = self.episode_statistics.step(reward_t, done), None
+        info.update(step_info(final_t, done, episode_return, episode_length, rows))
         return obs_t, reward_t, terminated_t, truncated_t, info
+
+    def _info_statistics(self, final_info: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """``(episode_return, rows)`` from the ``info["episode"]`` of the rows that ended (in the vector
+        env's ``final_info``); zero and not reported elsewhere."""
+        episode = final_info.get("episode")
+        if episode is None:
+            zeros = torch.zeros(self.num_envs, device=self.device)
+            return zeros, torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        rows = np.asarray(final_info["_episode"], dtype=bool)
+        episode_return = torch.tensor(np.where(rows, episode["r"], 0.0), dtype=torch.float32)
+        return episode_return.to(self.device), torch.from_numpy(rows).to(self.device)
 
     def render_frame(self, index: int = 0) -> np.ndarray:
         """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
@@ -340,6 +404,7 @@ _STEP_ALL, _STEP_HALF = (
 # step instead of once per worker (on 2 cores: ~90 us of a ~460 us CartPole x 64 step).
 _PENDING, _FINISHED, _EXCUSED = 0, 1, 2  # _EXCUSED: the worker failed; its restarted successor owes nothing
 _RESULTS = ("obs", "final_obs", "reward", "terminated", "truncated")  # the buffers a step writes
+_INFO_STATISTICS = ("episode_return", "episode_end")  # and with statistics_from_info
 
 
 class _EnvWorker(WorkerTask):
@@ -353,8 +418,12 @@ class _EnvWorker(WorkerTask):
         make_kwargs: dict[str, Any],
         spaces: tuple[gym.Space, ...],
         per_worker: int,
+        statistics_from_info: bool,
     ) -> None:
         self.env, self.make_kwargs, self.spaces, self.per_worker = env, make_kwargs, spaces, per_worker
+        self.statistics_from_info = statistics_from_info
+        self.flat_space = spaces[0] if isinstance(spaces[0], gym.spaces.Dict) else None
+        """A Dict observation space: observations are flattened into the shared buffers."""
         self.envs: list[gym.Env] = []
 
     def start(self, worker: WorkerSide) -> None:
@@ -389,8 +458,11 @@ class _EnvWorker(WorkerTask):
             seed, options, low, high = arguments
             for current in range(low, high):
                 self.where = self.first + current
-                self.rows["obs"][current], _ = self.envs[current].reset(
+                obs, _ = self.envs[current].reset(
                     seed=None if seed is None else seed + current - low, options=options
+                )
+                self.rows["obs"][current] = (
+                    obs if self.flat_space is None else flat_observation(self.flat_space, obs)
                 )
             self.where = None
             return OK
@@ -403,7 +475,7 @@ class _EnvWorker(WorkerTask):
         if len(message) > 1:
             slot, half = int(message[1:]), len(self.envs) // 2
             low, high = half * slot, half * slot + half
-        rows, envs, inner = self.rows, self.envs, self.inner
+        rows, envs, inner, flat_space = self.rows, self.envs, self.inner, self.flat_space
         actions, obs, final_obs = rows["actions"], rows["obs"], rows["final_obs"]
         reward, terminated, truncated = rows["reward"], rows["terminated"], rows["truncated"]
         current = low
@@ -411,14 +483,20 @@ class _EnvWorker(WorkerTask):
             for current in range(low, high):
                 result = inner[current].step(actions[current])
                 try:
-                    next_obs, r, term, trunc, _ = result
+                    next_obs, r, term, trunc, info = result
                 except (TypeError, ValueError):
                     envs[current].check_step(result)  # the old gym API says so
                     raise
                 reward[current], terminated[current], truncated[current] = r, term, trunc
+                if flat_space is not None:
+                    next_obs = flat_observation(flat_space, next_obs)
                 final_obs[current] = next_obs  # the true next observation of every row
+                if self.statistics_from_info:
+                    self.record_statistics(current, info)
                 if term or trunc:
                     next_obs, _ = envs[current].reset()
+                    if flat_space is not None:
+                        next_obs = flat_observation(flat_space, next_obs)
                 obs[current] = next_obs
         except BaseException:
             self.where = self.first + current
@@ -427,6 +505,13 @@ class _EnvWorker(WorkerTask):
             self.progress[slot, self.worker] = _FINISHED
             last = self.progress[slot].all()
         return self.done[slot] if last else None
+
+    def record_statistics(self, current: int, info: dict[str, Any]) -> None:
+        """Write sub-env ``current``'s ``info["episode"]`` (RecordEpisodeStatistics) where it ended one."""
+        episode = info.get("episode")
+        self.rows["episode_end"][current] = episode is not None
+        if episode is not None:
+            self.rows["episode_return"][current] = episode["r"]
 
     def close(self) -> None:
         for sub_env in self.envs:
@@ -442,7 +527,9 @@ class ProcessVecEnv(_GymnasiumAdapter):
     memory: a step costs a one-byte message to each worker and one back from the last worker to
     finish, never a pickled array. The results come back as tensors on ``device``, with the same
     conversions, seeding (``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``) and same-step autoreset
-    as :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers.
+    as :class:`GymnasiumVecEnv`. The sub-envs' ``info`` dicts stay in the workers (with
+    ``statistics_from_info``, their ``info["episode"]`` statistics come back). uint8 observations travel
+    as uint8 (an 84x84 Atari frame is 7 KB, not 28), Dict observations as the flat float32 vectors.
 
     Faults: a worker that raises, dies or does not answer within ``step_timeout`` seconds is restarted
     (its own fresh sub-envs, reset with new seeds when the env was seeded), and the step reports its
@@ -468,6 +555,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
         max_restarts: restarts allowed per worker over the env's life.
         step_timeout: seconds a worker may take to start, reset or step before it counts as hung.
         start_method: ``"forkserver"``, ``"spawn"`` or ``"fork"``; None picks the default above.
+        statistics_from_info: as for :class:`GymnasiumVecEnv`: the episode statistics of the sub-envs'
+            ``info["episode"]`` (RecordEpisodeStatistics), reported with ``info["_episode_return"]``.
         **kwargs: passed to ``gymnasium.make`` (or to the factory).
     """
 
@@ -481,10 +570,11 @@ class ProcessVecEnv(_GymnasiumAdapter):
         max_restarts: int = 3,
         step_timeout: float = 60.0,
         start_method: str | None = None,
+        statistics_from_info: bool = False,
         **kwargs: Any,
     ) -> None:
         self.closed = True  # until the workers run
-        super().__init__(env, num_envs, device, render_mode, kwargs)
+        super().__init__(env, num_envs, device, render_mode, statistics_from_info, kwargs)
         self._check_workers(num_workers, max_restarts, step_timeout)
         who = f"{type(self).__name__}({self.env_id!r})"
         start_method = choose_start_method(start_method, who=who, error=EnvError)
@@ -501,8 +591,14 @@ class ProcessVecEnv(_GymnasiumAdapter):
         finally:
             probe.close()
         self._set_spaces(obs_space, act_space, render_modes, fps)
-        obs_shape = () if isinstance(obs_space, gym.spaces.Discrete) else tuple(obs_space.shape)
-        self._last_obs = np.zeros((self.num_envs, *obs_shape), dtype=np.float32)
+        # Discrete observations travel as their index (one-hot in this process)
+        obs_shape = (
+            ()
+            if isinstance(obs_space, gym.spaces.Discrete)
+            else observation_shape(self.single_observation_space)
+        )
+        self._last_obs = np.zeros((self.num_envs, *obs_shape), dtype=self._obs_dtype)
+        self._results = _RESULTS + (_INFO_STATISTICS if self.statistics_from_info else ())
         self._fault_rows = np.zeros(self.num_envs, dtype=bool)
         self._complete = [True, True]  # per slot: the step sent there is complete
         self._slots_in_flight: set[int] = set()
@@ -511,7 +607,9 @@ class ProcessVecEnv(_GymnasiumAdapter):
         self._seed: int | None = None
         self._per_worker = self.num_envs // self.num_workers
         self._pool = WorkerPool(
-            _EnvWorker(env, self._make_kwargs, (obs_space, act_space), self._per_worker),
+            _EnvWorker(
+                env, self._make_kwargs, (obs_space, act_space), self._per_worker, self.statistics_from_info
+            ),
             self.num_workers,
             name="phalanx-worker",
             start_method=start_method,
@@ -561,16 +659,19 @@ class ProcessVecEnv(_GymnasiumAdapter):
 
     def _buffer_layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], str]]:
         """The shared buffers: what a step reads and writes, and its progress per slot and worker."""
-        n = self.num_envs
-        return {
-            "actions": (self._action_shape, "int64" if self._discrete_act else "float32"),
-            "obs": ((n, *obs_shape), "float32"),
-            "final_obs": ((n, *obs_shape), "float32"),
+        n, obs_dtype = self.num_envs, self._obs_dtype.name
+        layout = {
+            "actions": (self._action_shape, "int64" if self._integer_act else "float32"),
+            "obs": ((n, *obs_shape), obs_dtype),
+            "final_obs": ((n, *obs_shape), obs_dtype),
             "reward": ((n,), "float32"),
             "terminated": ((n,), "bool"),
             "truncated": ((n,), "bool"),
             "progress": ((2, self.num_workers), "int8"),
         }
+        if self.statistics_from_info:
+            layout |= {"episode_return": ((n,), "float32"), "episode_end": ((n,), "bool")}
+        return layout
 
     # -- faults ------------------------------------------------------------------------------------
     @property
@@ -765,12 +866,14 @@ class ProcessVecEnv(_GymnasiumAdapter):
             on_answer=self._notice,
         )
         self._slots_in_flight.discard(slot)
-        views = {key: self._views[key][rows] for key in _RESULTS}  # copies when rows is an index array
+        views = {key: self._views[key][rows] for key in self._results}  # copies when rows is an index array
         faulted = self._fault_rows[rows]
         if faulted.any():  # restarted workers: end their episodes at the last good observation
             views = {key: np.array(view) for key, view in views.items()}
             views["final_obs"][faulted] = self._last_obs[rows][faulted]
             views["reward"][faulted], views["terminated"][faulted], views["truncated"][faulted] = 0, 0, 1
+            if self.statistics_from_info:  # the restarted sub-envs' statistics are lost with them
+                views["episode_end"][faulted] = False
             self._fault_rows[rows] = False
         obs = self._obs_tensor(views["obs"])
         final_obs = self._obs_tensor(views["final_obs"])
@@ -779,13 +882,12 @@ class ProcessVecEnv(_GymnasiumAdapter):
             copy_out(views[key], self.device) for key in ("reward", "terminated", "truncated")
         )
         done = terminated | truncated
-        episode_return, episode_length = statistics.step(reward, done)
-        info = {
-            "final_obs": final_obs,
-            "_final_obs": done,
-            "episode_return": episode_return,
-            "episode_length": episode_length,
-        }
+        if self.statistics_from_info:
+            episode_return, statistics_rows = (copy_out(views[key], self.device) for key in _INFO_STATISTICS)
+            _, episode_length = statistics.step(torch.zeros_like(reward), statistics_rows)
+        else:
+            (episode_return, episode_length), statistics_rows = statistics.step(reward, done), None
+        info = step_info(final_obs, done, episode_return, episode_length, statistics_rows)
         return obs, reward, terminated, truncated, info
 
     def render_frame(self, index: int = 0) -> np.ndarray:
