@@ -161,8 +161,8 @@ def no_recurrent_policy(name: str) -> ConfigError:
     have = " and ".join(key for key, row in ALGORITHMS.items() if row.recurrent is not None)
     return ConfigError(
         f"{name} has no recurrent policy: recurrent policies (--recurrent lstm|gru and their settings "
-        f"{', '.join(RECURRENT_SETTINGS[1:])}) exist for {have}. Train {have} with --recurrent lstm, or "
-        f"drop the recurrent settings for {name}."
+        f"{', '.join(RECURRENT_SETTINGS[1:])}) exist for {have}. Use one of those with --recurrent lstm, "
+        f"or drop the recurrent settings for {name}."
     )
 
 
