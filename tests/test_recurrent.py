@@ -392,7 +392,7 @@ def memory_task(tmp_path, name, recurrent):
         epochs=4,
         learning_rate=3e-3,
         gamma=0.9,
-        total_steps=6144,
+        total_steps=4096,
         eval_every=0,
         eval_episodes=32,
         seed=1,
