@@ -8,7 +8,7 @@ import uuid
 import pytest
 import torch
 
-from phalanx.envs.classic import CLASSIC_ENVS, CartPoleEnv
+from phalanx.envs.classic import CLASSIC_ENVS, MEMORY_ENVS, CartPoleEnv
 from phalanx.envs.core import VecEnv
 from phalanx.envs.registry import list_envs, load_factory, make_env, register_env, unregister_env
 from phalanx.envs.workers import GymnasiumVecEnv
@@ -120,7 +120,7 @@ def test_list_envs():
     assert set(envs) == {"builtin", "registered", "gymnasium", "needs_extra", "atari"}
     assert envs["atari"] is None or "ALE/Pong-v5" in envs["atari"]
     assert not any(env_id.startswith("ALE/") for env_id in envs["gymnasium"])
-    assert envs["builtin"] == sorted([*CLASSIC_ENVS, "StockTrading-v0"])
+    assert envs["builtin"] == sorted([*CLASSIC_ENVS, *MEMORY_ENVS, "StockTrading-v0"])
     assert "CartPole-v1" in envs["gymnasium"] and "Ant-v2" not in envs["gymnasium"]
     assert set(envs["needs_extra"]) <= set(envs["gymnasium"])
 

@@ -2,7 +2,9 @@
 
 ``load_agent(run_dir).act(obs)`` takes raw environment observations (numpy or torch, one or a batch)
 and returns actions in the environment's own action space: observation normalisation and action
-rescaling are applied exactly as during training, from the checkpoint alone (no env needed).
+rescaling are applied exactly as during training, from the checkpoint alone (no env needed). A
+recurrent agent (``agent.recurrent``) acts with its memory passed in and out:
+``actions, memory = agent.act(obs, memory=memory, episode_start=starts)`` (docs/recurrent.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from phalanx import registry
+from phalanx.algos.recurrent import is_recurrent
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError
@@ -62,7 +65,13 @@ class Agent:
         share Gymnasium's ids and semantics), its frames drawn as they are iterated (``seed``: of the
         episode, by default the evaluations' own): ``with agent.frames() as episode: list(episode)``."""
         seed = self.config.seed + EVAL_SEED_OFFSET if seed is None else seed
-        return GymnasiumEpisode(self.config.env, self.act, seed, max_steps)
+        policy = EnvSpacePolicy(self.algorithm, self.obs_statistics, self.action_space)  # a fresh memory
+        return GymnasiumEpisode(self.config.env, policy, seed, max_steps)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the agent acts with a memory (a recurrent policy): :meth:`act` takes and returns it."""
+        return is_recurrent(self.algorithm)
 
     def _normalized_action_space(self) -> gym.Space:
         if isinstance(self.action_space, gym.spaces.Box):
@@ -70,12 +79,15 @@ class Agent:
         return self.action_space
 
     @torch.no_grad()
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
-        """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single."""
+    def act(self, obs: Any, deterministic: bool = True, memory: Any = None, episode_start: Any = None) -> Any:
+        """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single.
+
+        A recurrent agent returns ``(actions, memory)``: pass ``memory`` back at the next step (None: a
+        zero memory, every row starting an episode), ``(B, M, H)`` for a batch, ``(M, H)`` for a single
+        observation; ``episode_start`` (bool, ``(B,)`` or a scalar) marks the rows whose observation is the
+        first of a new episode, whose memory is zeroed before acting."""
         is_numpy = not isinstance(obs, torch.Tensor)
-        obs_tensor = torch.as_tensor(
-            np.asarray(obs) if is_numpy else obs, dtype=torch.float32, device=self.device
-        )
+        obs_tensor = self._tensor(obs, torch.float32)
         single = obs_tensor.dim() == len(self.observation_space.shape)
         if single:
             obs_tensor = obs_tensor.unsqueeze(0)
@@ -84,15 +96,49 @@ class Agent:
                 f"Agent.act: observations have shape {tuple(obs_tensor.shape[1:])} per sub-env, expected "
                 f"{self.observation_space.shape} (the training env {self.config.env!r})."
             )
-        actions = self.policy.act(obs_tensor, deterministic)
+        if not self.recurrent:
+            if memory is not None or episode_start is not None:
+                raise ValueError(
+                    f"Agent.act: memory / episode_start were given, but the agent of {self.config.env!r} "
+                    f"({self.config.algo}) is feed-forward: it has no memory. Call act(obs)."
+                )
+            actions = self.policy.act(obs_tensor, deterministic)
+            actions = actions[0] if single else actions
+            return actions.cpu().numpy() if is_numpy else actions
+        batch = obs_tensor.shape[0]
+        memory_shape = (batch, *self.algorithm.memory_shape)
+        if memory is None:
+            memory_tensor = self.algorithm.initial_memory(batch)
+        else:
+            memory_tensor = self._tensor(memory, torch.float32)
+            expected = memory_shape[1:] if single else memory_shape
+            if tuple(memory_tensor.shape) != expected:
+                raise ValueError(
+                    f"Agent.act: memory has shape {tuple(memory_tensor.shape)}, expected {expected} (the "
+                    "memory act returned at the previous step, or None at the first)."
+                )
+            memory_tensor = memory_tensor.reshape(memory_shape)
+        starts = None
+        if episode_start is not None:
+            starts = self._tensor(episode_start, torch.bool).reshape(-1).expand(batch)
+        actions, memory_tensor = self.policy.act_with_memory(obs_tensor, memory_tensor, starts, deterministic)
         if single:
-            actions = actions[0]
-        return actions.cpu().numpy() if is_numpy else actions
+            actions, memory_tensor = actions[0], memory_tensor[0]
+        if is_numpy:
+            return actions.cpu().numpy(), memory_tensor.cpu().numpy()
+        return actions, memory_tensor
+
+    def _tensor(self, value: Any, dtype: torch.dtype) -> torch.Tensor:
+        """``value`` (numpy, torch or a Python value) as a tensor on the agent's device."""
+        array = value if isinstance(value, torch.Tensor) else np.asarray(value)
+        return torch.as_tensor(array, dtype=dtype, device=self.device)
 
 
 def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:
     """The run's algorithm, built for ``spaces`` on ``device``, with the checkpoint's weights."""
-    algorithm = registry.get_algorithm(config.algo)(config.hyperparameters, *spaces, device)
+    algorithm = registry.algorithm_class(config.algo, config.hyperparameters)(
+        config.hyperparameters, *spaces, device
+    )
     algorithm.load_state_dict(state["algorithm"])
     return algorithm
 

@@ -51,7 +51,13 @@ from phalanx.marl.trainer import MultiAgentEvaluation
 from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
 from phalanx.population.evolution import Mutation, PopulationConfig, Resources
 from phalanx.population.leaderboard import Leaderboard, format_score
-from phalanx.registry import algorithm_names, get_algorithm
+from phalanx.registry import (
+    RECURRENT_SETTINGS,
+    algorithm_names,
+    get_algorithm,
+    no_recurrent_policy,
+    registration,
+)
 from phalanx.train.entry import resume, train
 from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.plots import INTERVALS, SPANS, X_COLUMNS, curves, draw_curves
@@ -282,6 +288,8 @@ def parse_train_args(
         rest = rest[:index] + rest[index + 2 :]
         where = f"config file {config_file!r}"
     default = make_config(algorithm.name, env, where=where, **settings)
+    if registration(algorithm.name).recurrent is None and recurrent_flags(rest):
+        raise no_recurrent_policy(algorithm.name)
     cls = cli_config_class(algorithm)
     base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
     parsed = tyro.cli(
@@ -297,6 +305,14 @@ def parse_train_args(
     import_modules(config.imports, "arguments")
     config.validate()
     return config
+
+
+def recurrent_flags(argv: list[str]) -> list[str]:
+    """The flags of ``argv`` that set a recurrent policy's settings (``--recurrent``, ``--burn-in``, ...)."""
+    names = {f"--{name}" for name in RECURRENT_SETTINGS} | {
+        f"--{name.replace('_', '-')}" for name in RECURRENT_SETTINGS
+    }
+    return [token for token in argv if token.partition("=")[0] in names]
 
 
 def train_usage(prog: str) -> str:

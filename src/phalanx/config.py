@@ -28,7 +28,14 @@ import yaml
 
 from phalanx.errors import ConfigError, EnvError
 from phalanx.files import write_text_atomic
-from phalanx.registry import algorithm_names, canonical_name, config_class, get_algorithm
+from phalanx.registry import (
+    RECURRENT_SETTINGS,
+    algorithm_names,
+    canonical_name,
+    config_class,
+    get_algorithm,
+    no_recurrent_policy,
+)
 
 TRACKERS = ("wandb",)
 """The experiment trackers a run can log to (``TrainConfig.track``), besides TensorBoard."""
@@ -582,6 +589,8 @@ def check_hyperparameter_name(name: str, config: TrainConfig, where: str) -> Non
 
 
 def _unknown_key(key: str, valid: set[str], algo: str, where: str) -> None:
+    if key in RECURRENT_SETTINGS:
+        raise no_recurrent_policy(algo)
     close = difflib.get_close_matches(key, sorted(valid), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(

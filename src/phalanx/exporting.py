@@ -6,7 +6,9 @@ observations, as one graph: the checkpoint's observation normalisation (frozen, 
 the policy, and the rescale of its actions to the env's Box bounds. The policy is deterministic by
 default; ``stochastic=True`` exports the sampling policy with the random draw as a second input
 (``noise``), so that the file is a pure function of its inputs and equals the library's sample for the
-same draw. A multi-agent run gives one file per agent group (decentralised execution).
+same draw. A multi-agent run gives one file per agent group (decentralised execution). A recurrent
+policy's file takes its memory as the second input, ``memory`` ``(B, M, H)`` (zeros at an episode's
+start), and gives the memory after the step as a second output, ``memory_out``.
 
 Tracing needs the networks as parameters of the traced module: :class:`ExportedPolicy` holds a copy of
 the algorithm's :class:`~phalanx.algos.base.ActingModule` (its ``act`` as a module of tensors alone)
@@ -35,6 +37,7 @@ from torch import nn
 from phalanx import __version__
 from phalanx.agent import _checkpoint_path, load_agent
 from phalanx.algos.base import ActingModule
+from phalanx.algos.recurrent import RecurrentActing
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, RunningMeanStd
 from phalanx.errors import ConfigError, import_optional
 from phalanx.files import atomic_write
@@ -73,6 +76,10 @@ class ExportedPolicy(nn.Module):
         self.acting = copy.deepcopy(acting)  # its own networks, whose gradients can be turned off
         self.inputs = acting.inputs
         self.noise = acting.noise
+        self.memory_shape: tuple[int, ...] | None = (
+            acting.memory_shape if isinstance(acting, RecurrentActing) else None
+        )
+        """A recurrent policy's memory of one row ``(M, H)``: an input and an output; None: no memory."""
         self.observation_shape = tuple(observation_shape)
         self.action_space = action_space
         self.normalize = obs_statistics is not None
@@ -87,14 +94,25 @@ class ExportedPolicy(nn.Module):
             self.register_buffer("action_high", torch.as_tensor(action_space.high))
         self.requires_grad_(False).eval()
 
-    def forward(self, obs: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, obs: torch.Tensor, *extra: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.normalize:
             obs = ((obs - self.obs_mean) * self.obs_inv_std).clamp(-OBS_CLIP, OBS_CLIP)
-        actions = self.acting(obs, *extra)
+        memory = None
+        if self.memory_shape is not None:  # a recurrent policy: (actions, memory after the step)
+            actions, memory = self.acting(obs, *extra)
+        else:
+            actions = self.acting(obs, *extra)
         if self.rescale:
             low, high = self.action_low, self.action_high
             actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
-        return actions
+        return actions if memory is None else (actions, memory)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The names of the outputs: the action, and a recurrent policy's memory after the step."""
+        return ("action",) if self.memory_shape is None else ("action", "memory_out")
 
     @property
     def agents_shape(self) -> tuple[int, ...]:
@@ -104,6 +122,8 @@ class ExportedPolicy(nn.Module):
     def example_inputs(self, batch: int = _EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
         """Inputs of ``batch`` rows, one per name of :attr:`inputs` (every action allowed; noise 0.5)."""
         examples = {"obs": torch.zeros((batch, *self.observation_shape))}
+        if self.memory_shape is not None:
+            examples["memory"] = torch.zeros((batch, *self.memory_shape))
         if "action_mask" in self.inputs:
             mask_shape = (batch, *self.agents_shape, int(self.action_space.n))
             examples["action_mask"] = torch.ones(mask_shape, dtype=torch.bool)
@@ -115,6 +135,11 @@ class ExportedPolicy(nn.Module):
         """The inputs, their dtypes and shapes, for the file's metadata."""
         lead = ("batch", *self.agents_shape)
         text = {"obs": f"obs float32 {_shape(*lead, *self.observation_shape[-1:])}"}
+        if self.memory_shape is not None:
+            text["memory"] = (
+                f"memory float32 {_shape(*lead, *self.memory_shape)}, zeros at an episode's start, else the "
+                "memory_out of the previous step"
+            )
         if "action_mask" in self.inputs:
             mask_shape = _shape(*lead, int(self.action_space.n))
             text["action_mask"] = f"action_mask bool {mask_shape}, true where the action is allowed"
@@ -126,8 +151,12 @@ class ExportedPolicy(nn.Module):
     def describe_output(self) -> str:
         lead = ("batch", *self.agents_shape)
         if isinstance(self.action_space, gym.spaces.Discrete):
-            return f"action int64 {_shape(*lead)}, in {self.action_space}"
-        return f"action float32 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
+            text = f"action int64 {_shape(*lead)}, in {self.action_space}"
+        else:
+            text = f"action float32 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
+        if self.memory_shape is not None:
+            text += f"; memory_out float32 {_shape(*lead, *self.memory_shape)}, the memory after the step"
+        return text
 
 
 def _shape(*dims: Any) -> str:
@@ -231,7 +260,7 @@ def write_onnx(policy: ExportedPolicy, path: Path, metadata: dict[str, str]) -> 
             policy,
             example,
             input_names=list(policy.inputs),
-            output_names=["action"],
+            output_names=list(policy.outputs),
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
             verbose=False,

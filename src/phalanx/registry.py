@@ -37,6 +37,9 @@ class Registration:
     population: str | None = None
     """Its vectorized population (P members as one batched run: ``phalanx population run --backend
     vectorized``), or None where it has none."""
+    recurrent: str | None = None
+    """The ``Algorithm`` class a run builds when its hyperparameters ask for a recurrent policy
+    (``recurrent: lstm``), or None where the algorithm has no recurrent policy."""
 
 
 def _row(
@@ -45,10 +48,11 @@ def _row(
     runtime: tuple[str, str],
     rule: str | None = None,
     population: str | None = None,
+    recurrent: str | None = None,
 ) -> Registration:
     trainer, agent = runtime
     return Registration(
-        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule, population
+        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule, population, recurrent
     )
 
 
@@ -58,8 +62,21 @@ _VECTORIZED_OFF_POLICY = "phalanx.population.vectorized_off_policy"
 
 
 ALGORITHMS: dict[str, Registration] = {
-    "ppo": _row("phalanx.algos.ppo", "PPO", _SINGLE_AGENT, _ACTOR_CRITIC, f"{_VECTORIZED}:VectorizedPPO"),
-    "a2c": _row("phalanx.algos.ppo", "A2C", _SINGLE_AGENT, _ACTOR_CRITIC),
+    "ppo": _row(
+        "phalanx.algos.ppo",
+        "PPO",
+        _SINGLE_AGENT,
+        _ACTOR_CRITIC,
+        f"{_VECTORIZED}:VectorizedPPO",
+        recurrent="phalanx.algos.recurrent:RecurrentPPO",
+    ),
+    "a2c": _row(
+        "phalanx.algos.ppo",
+        "A2C",
+        _SINGLE_AGENT,
+        _ACTOR_CRITIC,
+        recurrent="phalanx.algos.recurrent:RecurrentA2C",
+    ),
     "dqn": _row("phalanx.algos.dqn", "DQN", _SINGLE_AGENT),
     "double-dqn": _row("phalanx.algos.dqn", "DoubleDQN", _SINGLE_AGENT),
     "dueling-dqn": _row("phalanx.algos.dqn", "DuelingDQN", _SINGLE_AGENT),
@@ -122,6 +139,31 @@ def config_class(name: str) -> type:
 def get_algorithm(name: str) -> type:
     """The ``Algorithm`` class of ``name``."""
     return resolve(registration(name).algorithm)
+
+
+def algorithm_class(name: str, hyperparameters: Any) -> type:
+    """The ``Algorithm`` class a run of ``name`` with these hyperparameters builds: the algorithm's own,
+    or its recurrent variant where the hyperparameters ask for a recurrent policy (the config of an
+    algorithm with a recurrent variant has the ``recurrent`` field). Every place that builds an algorithm
+    from a config (the trainer, the evaluators, ``load_agent``) asks here."""
+    row = registration(name)
+    if row.recurrent is not None and hyperparameters.recurrent is not None:
+        return resolve(row.recurrent)
+    return resolve(row.algorithm)
+
+
+RECURRENT_SETTINGS = ("recurrent", "recurrent_hidden_size", "sequence_length", "burn_in")
+"""The hyperparameters of a recurrent policy (of the algorithms with a ``recurrent`` variant)."""
+
+
+def no_recurrent_policy(name: str) -> ConfigError:
+    """The error of asking ``name``, which has no recurrent variant, for a recurrent policy."""
+    have = " and ".join(key for key, row in ALGORITHMS.items() if row.recurrent is not None)
+    return ConfigError(
+        f"{name} has no recurrent policy: recurrent policies (--recurrent lstm|gru and their settings "
+        f"{', '.join(RECURRENT_SETTINGS[1:])}) exist for {have}. Use one of those with --recurrent lstm, "
+        f"or drop the recurrent settings for {name}."
+    )
 
 
 def learning_rule(name: str) -> Any:

@@ -22,18 +22,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import torch
 
 from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
-from phalanx.config import AlgoConfig, TrainConfig, check
+from phalanx.config import AlgoConfig, TrainConfig, check, is_int
+from phalanx.errors import ConfigError
 from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
 from phalanx.optim import FlatRMSprop, GradientStep, make_adam
+from phalanx.registry import no_recurrent_policy, registration
 
 Tensor = torch.Tensor
+RECURRENT_CELLS = ("lstm", "gru")
+"""The memories of a recurrent policy (``ActorCriticConfig.recurrent``)."""
 Hyperparameter = float | Tensor
 """A Python float for one agent, or a float64 tensor of one value per member: ``(P, 1)`` for those that
 act on every sample (``clip_range``, ``clip_value``, broadcasting over the samples), ``(P,)`` for those
@@ -76,10 +80,21 @@ class ActorCriticConfig(AlgoConfig):
     """Anneal the learning rate linearly to 0 over total_steps."""
     log_std_init: float = 0.0
     """Initial log standard deviation of the Gaussian policy (continuous actions)."""
+    recurrent: str | None = None
+    """A recurrent policy with memory: lstm or gru (None: feed-forward). See docs/recurrent.md."""
+    recurrent_hidden_size: int = 128
+    """With recurrent: the size of the LSTM/GRU hidden state."""
+    sequence_length: int | None = None
+    """With recurrent: the steps of one training sequence, truncated backpropagation through time over
+    chunks of this many steps of a sub-env's rollout; it must divide horizon (None: the whole horizon)."""
+    burn_in: int = 0
+    """With recurrent: steps at the start of each sequence run without gradient and left out of the loss,
+    to warm the memory from the stored one with the current weights (< sequence_length)."""
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
         check(isinstance(self.horizon, int) and self.horizon >= 1, "horizon", self.horizon, "an integer >= 1")
+        self.validate_recurrent(run)
         check(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", self.gae_lambda, "a value in [0, 1]")
         check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, ">= 0")
         check(self.value_coef >= 0, "value_coef", self.value_coef, ">= 0")
@@ -89,6 +104,51 @@ class ActorCriticConfig(AlgoConfig):
             self.max_grad_norm,
             "a positive number, or None for no clipping",
         )
+
+    def validate_recurrent(self, run: TrainConfig) -> None:
+        """The recurrent settings: a known cell, and sequences that tile the horizon."""
+        if self.recurrent is None:
+            return
+        if registration(run.algo).recurrent is None:
+            raise no_recurrent_policy(run.algo)
+        check(
+            self.recurrent in RECURRENT_CELLS,
+            "recurrent",
+            self.recurrent,
+            f"one of {RECURRENT_CELLS} or None",
+        )
+        if run.overlap:
+            raise ConfigError(
+                "overlap=True computes the actions of one half of the sub-envs while the other steps, but a "
+                "recurrent policy's memory goes from each step to the next of the same sub-env. Drop "
+                "--overlap for a recurrent policy (--num-workers alone still steps the envs in processes)."
+            )
+        check(
+            is_int(self.recurrent_hidden_size) and self.recurrent_hidden_size >= 1,
+            "recurrent_hidden_size",
+            self.recurrent_hidden_size,
+            "an integer >= 1, e.g. 128",
+        )
+        length = self.sequence_steps()
+        check(
+            self.sequence_length is None
+            or (is_int(self.sequence_length) and 1 <= length and self.horizon % length == 0),
+            "sequence_length",
+            self.sequence_length,
+            f"an integer that divides horizon = {self.horizon} (the rollout of each sub-env is cut into "
+            "sequences of this many steps), or None for the whole horizon",
+        )
+        check(
+            is_int(self.burn_in) and 0 <= self.burn_in < length,
+            "burn_in",
+            self.burn_in,
+            f"an integer in [0, sequence length = {length}): the steps of a sequence left out of the loss "
+            "must leave some in",
+        )
+
+    def sequence_steps(self) -> int:
+        """The steps of one training sequence of a recurrent policy (``sequence_length``, or the horizon)."""
+        return self.horizon if self.sequence_length is None else self.sequence_length
 
 
 @dataclass
@@ -127,6 +187,16 @@ class PPOConfig(ActorCriticConfig):
             f"an integer between 1 and the rollout size horizon * num_envs = {self.horizon} * "
             f"{run.num_envs} = {rollout}; lower minibatch_size or raise horizon or num_envs",
         )
+        if self.recurrent is not None:
+            length = self.sequence_steps()
+            check(
+                self.minibatch_size % length == 0,
+                "minibatch_size",
+                self.minibatch_size,
+                f"a multiple of the sequence length {length} (a recurrent policy learns from minibatches "
+                f"of whole sequences: minibatch_size / {length} sequences each); set minibatch_size to "
+                f"{max(length, self.minibatch_size // length * length)} or change sequence_length",
+            )
         check(0 < self.clip_range < 1, "clip_range", self.clip_range, "a value in (0, 1), e.g. 0.2")
         check(self.clip_value is None or self.clip_value > 0, "clip_value", self.clip_value, "> 0 or None")
         check(self.target_kl is None or self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
@@ -325,6 +395,11 @@ class PPO(Algorithm):
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
 
+    def rollout_buffer(self, horizon: int, num_envs: int, *args: Any, **kwargs: Any) -> RolloutBuffer:
+        """The rollout buffer this algorithm learns from: ``RolloutBuffer(horizon, num_envs, *args,
+        **kwargs)`` (a recurrent policy's also stores its memory)."""
+        return RolloutBuffer(horizon, num_envs, *args, **kwargs)
+
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
     def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -370,47 +445,38 @@ class PPO(Algorithm):
 
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
         config = self.config
-        horizon, num_envs = rollout.rewards.shape
         if config.anneal_lr:
             for group in self.optimizer.param_groups:
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
 
         # 1-2. Advantages from the value of each step's true next observation (or global state).
         with torch.no_grad():
-            next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)  # (T, N)
+            next_values = self.next_values(rollout)  # (T, N)
         advantages, returns = rollout_advantages(
             rollout, next_values, config.gamma, config.gae_lambda, self.gae
         )
 
-        obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
-        # (T*N, critic_dim): the value function's input, if it is not obs itself (a centralised critic)
-        critic_obs = None if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
-        actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
         old_log_probs = rollout.log_probs.flatten()  # (T*N,)
         old_values = rollout.values.flatten()
         advantages = advantages.flatten()
         returns = returns.flatten()
-        batch_size = obs.shape[0]
         # The per-sample scalars as rows of one tensor, so that a minibatch gathers them in one op.
         targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
+        inputs = self.loss_inputs(rollout)
 
         # 3. Minibatch epochs. The metrics are computed once, after them, from what each step kept.
         compiled_step = self.gradient_step if self.group is None else None
         step_metrics: list[dict[str, torch.Tensor]] = []  # policy_loss, value_loss, entropy of each step
         ratios: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ratio, log_ratio) of each step
         for _epoch in range(self.num_epochs()):
-            for index in torch.randperm(batch_size, device=self.device).split(
-                self.minibatch_size(batch_size)
-            ):
+            for index in self.minibatch_indices(rollout):
                 if compiled_step is None:
-                    loss, (metrics, ratio, log_ratio) = self.minibatch_loss(
-                        obs, actions, targets, critic_obs, index
-                    )
+                    loss, (metrics, ratio, log_ratio) = self.minibatch_loss(targets, index, *inputs)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer_step(self.optimizer, config.max_grad_norm)
                 else:
-                    _, (metrics, ratio, log_ratio) = compiled_step(obs, actions, targets, critic_obs, index)
+                    _, (metrics, ratio, log_ratio) = compiled_step(targets, index, *inputs)
                 step_metrics.append(metrics)
                 ratios.append((ratio, log_ratio))
             if self.stop_early(*ratios[-1]):
@@ -428,8 +494,28 @@ class PPO(Algorithm):
         metrics["gradient_steps"] = torch.tensor(float(len(step_metrics)))
         return metrics
 
+    def next_values(self, rollout: RolloutBuffer) -> Tensor:
+        """The value ``(T, N)`` of every step's true next observation (or global state)."""
+        horizon, num_envs = rollout.rewards.shape
+        return self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)
+
+    def loss_inputs(self, rollout: RolloutBuffer) -> tuple[Tensor | None, ...]:
+        """What :meth:`minibatch_loss` reads of the rollout besides the targets, flattened ``(T*N, ...)``:
+        observations, actions and the value function's input (None: it reads the observations)."""
+        obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
+        actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
+        # (T*N, critic_dim): the value function's input, if it is not obs itself (a centralised critic)
+        critic_obs = None if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
+        return obs, actions, critic_obs
+
+    def minibatch_indices(self, rollout: RolloutBuffer) -> list[Tensor]:
+        """One epoch's minibatches: shuffled indices into the ``T*N`` flattened samples."""
+        batch_size = rollout.rewards.numel()
+        permutation = torch.randperm(batch_size, device=self.device)
+        return list(permutation.split(self.minibatch_size(batch_size)))
+
     def minibatch_loss(
-        self, obs: Tensor, actions: Tensor, targets: Tensor, critic_obs: Tensor | None, index: Tensor
+        self, targets: Tensor, index: Tensor, obs: Tensor, actions: Tensor, critic_obs: Tensor | None
     ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
         """The loss of the minibatch ``index`` of the flattened rollout (``targets``: the ``(4, T*N)``
         old log-probabilities, advantages, old values and returns; ``critic_obs`` None: the value

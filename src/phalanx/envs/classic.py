@@ -30,6 +30,7 @@ import torch
 from gymnasium import spaces
 
 from phalanx.envs.core import BatchedVecEnv, Tensor
+from phalanx.envs.wrappers import MaskVelocity
 
 
 class _ClassicEnv(BatchedVecEnv):
@@ -380,3 +381,27 @@ CLASSIC_ENVS: dict[str, type[BatchedVecEnv]] = {
     "MountainCarContinuous-v0": MountainCarContinuousEnv,
     "Acrobot-v1": AcrobotEnv,
 }
+
+
+def cartpole_no_velocity(
+    num_envs: int = 1, device: str | torch.device = "cpu", **kwargs: object
+) -> MaskVelocity:
+    """``CartPoleNoVel-v1``: CartPole-v1 whose observations hide the cart and pole velocities (entries 1
+    and 3 zeroed, as RL Zoo's ``CartPoleNoVel-v1``): position and angle alone, a task that needs memory.
+    ``kwargs`` go to :class:`CartPoleEnv`."""
+    return MaskVelocity(CartPoleEnv(num_envs, device, **kwargs), (1, 3))  # type: ignore[arg-type]
+
+
+def pendulum_no_velocity(
+    num_envs: int = 1, device: str | torch.device = "cpu", **kwargs: object
+) -> MaskVelocity:
+    """``PendulumNoVel-v1``: Pendulum-v1 whose observations hide the angular velocity (entry 2 zeroed):
+    cos and sin of the angle alone, a task that needs memory. ``kwargs`` go to :class:`PendulumEnv`."""
+    return MaskVelocity(PendulumEnv(num_envs, device, **kwargs), (2,))  # type: ignore[arg-type]
+
+
+MEMORY_ENVS = {"CartPoleNoVel-v1": cartpole_no_velocity, "PendulumNoVel-v1": pendulum_no_velocity}
+"""Classic tasks with their velocities masked: the memory tasks of recurrent policies. The Gymnasium env
+of the same task with the same entries masked, for videos: :data:`MASKED_GYMNASIUM`."""
+MASKED_GYMNASIUM = {"CartPoleNoVel-v1": ("CartPole-v1", (1, 3)), "PendulumNoVel-v1": ("Pendulum-v1", (2,))}
+"""Each memory task's Gymnasium id and the entries of its observations that are masked."""

@@ -3,7 +3,8 @@
 :func:`make_env` resolves an id in this order:
 
 1. ids registered with :func:`register_env` (these may shadow a built-in id with ``overwrite=True``);
-2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS`` and ``StockTrading-v0``);
+2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS``, the memory tasks
+   ``MEMORY_ENVS`` and ``StockTrading-v0``);
 3. ``"<backend>:<id>"`` for the imported simulators in :data:`BACKENDS`: ``gym:`` forces the
    Gymnasium adapter, ``envpool:`` EnvPool's C++ envs, ``brax:`` and ``gymnax:`` JAX simulators;
 4. ``ALE/<Game>-v5``: Atari games with the standard preprocessing and 4 stacked frames
@@ -28,7 +29,7 @@ import torch
 
 from phalanx.config import import_user_module
 from phalanx.envs.atari import atari_game_ids, is_atari_id, make_atari_env
-from phalanx.envs.classic import CLASSIC_ENVS
+from phalanx.envs.classic import CLASSIC_ENVS, MEMORY_ENVS
 from phalanx.envs.core import VecEnv
 from phalanx.envs.gymnasium_ids import gymnasium_extra, gymnasium_unavailable
 from phalanx.envs.trading import StockTradingVecEnv
@@ -53,7 +54,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
 
 
 def _builtin() -> dict[str, VecEnvFactory]:
-    return {**CLASSIC_ENVS, "StockTrading-v0": StockTradingVecEnv}
+    return {**CLASSIC_ENVS, **MEMORY_ENVS, "StockTrading-v0": StockTradingVecEnv}
 
 
 def register_env(env_id: str, factory: VecEnvFactory, *, overwrite: bool = False) -> None:

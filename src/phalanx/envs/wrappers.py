@@ -11,6 +11,8 @@
   observation or reward, naming the array, the sub-env index and the step (integer arrays, such as
   uint8 images, cannot hold one and are not checked).
 - :class:`FrameStack`: the last k observations of every sub-env as one, on the device (Atari's 4 frames).
+- :class:`MaskVelocity`: zeroes chosen entries of the observations (the velocities of CartPole and
+  Pendulum: the built-in memory tasks ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``).
 
 Wrappers never change ``info["episode_return"]`` / ``info["episode_length"]``: those are the
 undiscounted statistics of the innermost env's own rewards.
@@ -31,6 +33,7 @@ from phalanx.errors import ConfigError, ContractError
 
 __all__ = [
     "FrameStack",
+    "MaskVelocity",
     "MemberNormalizeObservation",
     "NanGuard",
     "NormalizeObservation",
@@ -652,6 +655,55 @@ class NanGuard(VecEnvWrapper):
     def _load_own_state_dict(self, state: dict[str, Any]) -> None:
         self.num_steps = int(state["num_steps"])
         self._step.fill_(self.num_steps)
+
+
+class MaskVelocity(VecEnvWrapper):
+    """Observations with the entries ``indices`` (of a 1-D Box observation) set to zero, in the
+    observations of ``reset`` and ``step`` and in ``info["final_obs"]``; the space keeps its shape.
+
+    With the velocities masked, an observation no longer tells the state: the agent must infer the
+    velocities from the observations before it, which a feed-forward policy cannot and a recurrent one
+    can (RL Zoo's ``CartPoleNoVel-v1``, the memory task of recurrent PPO). One batched multiply on the
+    device per step.
+    """
+
+    def __init__(self, env: VecEnv, indices: tuple[int, ...]) -> None:
+        super().__init__(env)
+        space = env.single_observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            raise ConfigError(
+                f"MaskVelocity: the observation space of {env.unwrapped!r} is {space}, expected a 1-D Box "
+                "(a vector per sub-env) whose entries can be masked."
+            )
+        size = space.shape[0]
+        if not indices or any(not 0 <= index < size for index in indices):
+            raise ConfigError(
+                f"MaskVelocity: indices {indices} must be non-empty and in [0, {size}), the entries of the "
+                f"observations of {env.unwrapped!r} ({space})."
+            )
+        self.indices = tuple(indices)
+        mask = torch.ones(size, dtype=torch.float32, device=self.device)
+        mask[list(self.indices)] = 0.0
+        self.mask = mask
+        low, high = space.low.copy(), space.high.copy()
+        low[list(self.indices)] = 0.0
+        high[list(self.indices)] = 0.0
+        self.single_observation_space = gym.spaces.Box(low, high, dtype=space.dtype)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+    def reset(
+        self, *, seed: Any = None, options: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        return obs * self.mask, info
+
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        info = dict(info)
+        if "final_obs" in info:
+            info["final_obs"] = info["final_obs"] * self.mask
+        return obs * self.mask, reward, terminated, truncated, info
 
 
 # ------------------------------------------------------------------------------------------------------

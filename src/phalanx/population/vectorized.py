@@ -87,6 +87,13 @@ class VectorizedPPO(VectorizedPopulation):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
+        if config.hyperparameters.recurrent is not None:
+            raise ConfigError(
+                f"recurrent = {config.hyperparameters.recurrent!r} is not supported by VectorizedPPO: its "
+                "members are feed-forward networks batched into one. Train a population of recurrent "
+                "members with the process backend (phalanx population run ... --backend process), one "
+                "process per member."
+            )
         if config.hyperparameters.target_kl is not None:
             raise ConfigError(
                 f"target_kl = {config.hyperparameters.target_kl!r} is not supported by VectorizedPPO: its "

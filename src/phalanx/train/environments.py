@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from phalanx.algos.recurrent import actor
 from phalanx.config import TrainConfig
 from phalanx.envs.core import ConcatVecEnv, VecEnv
 from phalanx.envs.registry import make_env, registered_factories
@@ -163,12 +164,18 @@ def to_device(state: Any, device: torch.device, copy: bool = False) -> Any:
 class EnvSpacePolicy:
     """An algorithm's actions for raw observations of its env, as a deployed agent and a video take them:
     the observations normalised with ``obs_statistics`` (frozen, clipped as in training), the algorithm
-    acting (in [-1, 1] for a Box), the actions rescaled to ``action_space``'s bounds."""
+    acting (in [-1, 1] for a Box), the actions rescaled to ``action_space``'s bounds.
+
+    :meth:`act` acts on a stream of steps through the algorithm's :func:`~phalanx.algos.recurrent.actor`:
+    a recurrent policy carries its memory from one call to the next (call :meth:`episodes_ended` after
+    each step, or :meth:`reset` for a new stream); :meth:`act_with_memory` is the same with the memory
+    passed in and out."""
 
     def __init__(
         self, algorithm: Any, obs_statistics: RunningMeanStd | None, action_space: gym.Space
     ) -> None:
         self.algorithm = algorithm
+        self.actor = actor(algorithm)
         self.obs_statistics = obs_statistics
         self.device = algorithm.device
         self.bounds = None
@@ -178,18 +185,49 @@ class EnvSpacePolicy:
                 for bound in (action_space.low, action_space.high)
             )
 
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Actions for a batch of raw observations ``(B, *observation_shape)`` on the algorithm's device."""
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        """Raw observations as the algorithm saw them in training."""
         if self.obs_statistics is not None:
             obs = self.obs_statistics.normalize(obs, OBS_EPSILON).clamp(-OBS_CLIP, OBS_CLIP)
-        actions = self.algorithm.act(obs, deterministic=deterministic)
+        return obs
+
+    def rescale(self, actions: torch.Tensor) -> torch.Tensor:
+        """The algorithm's actions in the env's action space."""
         if self.bounds is not None:
             low, high = self.bounds
             actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
         return actions
 
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Actions for a batch of raw observations ``(B, *observation_shape)`` on the algorithm's device."""
+        return self.rescale(self.actor.act(self.normalize(obs), deterministic=deterministic))
+
+    @torch.no_grad()
+    def act_with_memory(
+        self,
+        obs: torch.Tensor,
+        memory: torch.Tensor,
+        episode_starts: torch.Tensor | None = None,
+        deterministic: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A recurrent policy's ``(actions, memory after the step)`` for raw observations ``(B, ...)``, the
+        memory before the step ``(B, M, H)`` and the rows that start an episode ``(B,)`` (None: none)."""
+        actions, memory = self.algorithm.act_with_memory(
+            self.normalize(obs), memory, episode_starts, deterministic
+        )
+        return self.rescale(actions), memory
+
+    def episodes_ended(self, dones: torch.Tensor) -> None:
+        """The episodes of the rows where ``dones`` is true ended (a recurrent policy forgets them)."""
+        self.actor.episodes_ended(dones)
+
+    def reset(self) -> None:
+        """Start a new stream of episodes."""
+        self.actor.reset()
+
     def __call__(self, obs: Any) -> np.ndarray:
-        """The deterministic action for one observation of a Gymnasium env (numpy in, numpy out)."""
+        """The deterministic action for one observation of a Gymnasium env (numpy in, numpy out), the
+        steps of one episode in order (a recurrent policy remembers the earlier ones)."""
         obs_tensor = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device)
         return self.act(obs_tensor.unsqueeze(0))[0].cpu().numpy()

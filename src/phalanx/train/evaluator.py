@@ -14,12 +14,13 @@ from typing import Any
 
 import torch
 
+from phalanx.algos.recurrent import actor
 from phalanx.config import TrainConfig
 from phalanx.envs.core import BatchedVecEnv, VecEnv, as_device, block_seeds
 from phalanx.envs.registry import register_env
 from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
 from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
-from phalanx.registry import get_algorithm
+from phalanx.registry import algorithm_class
 from phalanx.train.environments import build_env, to_device
 
 Tensor = torch.Tensor
@@ -71,25 +72,36 @@ class Evaluator(BestReturn):
 
     @torch.no_grad()
     def evaluate(self, algorithm) -> Evaluation:
+        """The deterministic episodes of ``algorithm`` (or of k side by side), acting through its
+        :func:`~phalanx.algos.recurrent.actor` (a recurrent policy carries its memory from step to step)."""
+        acting = actor(algorithm)
         returns, lengths = self.first_episodes(
-            lambda obs, info: algorithm.act(obs, deterministic=True),
+            lambda obs, info: acting.act(obs, deterministic=True),
             lambda info: info["episode_return"],
             torch.zeros(self.env.num_envs, dtype=torch.float32, device=self.env.device),
+            acting.episodes_ended,
         )
         return Evaluation(returns.tolist(), lengths.tolist())
 
     def first_episodes(
-        self, act: Callable[[Any, dict], Any], episode_return: Callable[[dict], Tensor], returns: Tensor
+        self,
+        act: Callable[[Any, dict], Any],
+        episode_return: Callable[[dict], Tensor],
+        returns: Tensor,
+        episodes_ended: Callable[[Tensor], None] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Reset the env with the evaluation seed and step it with ``act(obs, info)`` until every sub-env
         has ended its first episode: those episodes' ``episode_return(info)`` rows (``returns`` gives the
-        shape, ``(num_envs, ...)``) and lengths ``(num_envs,)``."""
+        shape, ``(num_envs, ...)``) and lengths ``(num_envs,)``. ``episodes_ended(dones)`` is told each
+        step's episode ends (an actor with memory forgets them)."""
         env = self.env
         obs, info = env.reset(seed=self.seed)
         finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
         lengths = torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
         for step in range(1, self.max_steps + 1):
             obs, _, terminated, truncated, info = env.step(act(obs, info))
+            if episodes_ended is not None:
+                episodes_ended(terminated | truncated)
             first_end = (terminated | truncated) & ~finished
             rows = first_end.view(-1, *[1] * (returns.dim() - 1))
             returns = torch.where(rows, episode_return(info), returns)
@@ -258,7 +270,7 @@ class CopiesEvaluator:
         self.config, self.seed = config, seed
         self.device = as_device(config.device)
         self.envs: dict[int, VecEnv] = {1: build_env(config, config.eval_episodes, training=False)}
-        self.algorithm_class = get_algorithm(config.algo)
+        self.algorithm_class = algorithm_class(config.algo, config.hyperparameters)
         self.spaces = self.envs[1].single_observation_space, self.envs[1].single_action_space
         try:
             self.algorithms = [self.algorithm_class(config.hyperparameters, *self.spaces, self.device)]

@@ -23,7 +23,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.registry import get_algorithm
+from phalanx.registry import algorithm_class, get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement
 from phalanx.train.environments import (
@@ -116,16 +116,16 @@ class Trainer:
             self.evaluator = self.eval_process = EvaluationProcess(
                 config, seed=config.seed + EVAL_SEED_OFFSET, envs=envs
             )
-        algorithm_class = get_algorithm(config.algo)
+        algorithm_type = algorithm_class(config.algo, config.hyperparameters)
         raw_env = self.env.unwrapped  # name the env's own spaces in errors, not the rescaled ones
-        algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
+        algorithm_type.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
         normalizer = find_wrapper(self.env, NormalizeObservation)
         self.obs_statistics = normalizer.statistics if normalizer is not None else None
         if self.is_main and self.eval_process is None:
             self.eval_env = build_env(
                 config, config.eval_episodes, training=False, obs_statistics=self.obs_statistics
             )
-        self.algorithm: Algorithm = algorithm_class(
+        self.algorithm: Algorithm = algorithm_type(
             config.hyperparameters,
             self.env.single_observation_space,
             self.env.single_action_space,
@@ -209,7 +209,7 @@ class Trainer:
             self.device,
         )
         if self.algorithm.on_policy:
-            return RolloutBuffer(hp.horizon, config.num_envs, *buffer_shapes)
+            return self.algorithm.rollout_buffer(hp.horizon, config.num_envs, *buffer_shapes)
         return ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
 
     # -- state -----------------------------------------------------------------------------------
@@ -343,7 +343,7 @@ class Trainer:
     def new_algorithm(self) -> Algorithm:
         """A new algorithm for this run's spaces, built from the current hyperparameters (a hand-over)."""
         old = self.algorithm
-        algorithm = get_algorithm(self.config.algo)(
+        algorithm = algorithm_class(self.config.algo, self.config.hyperparameters)(
             self.config.hyperparameters, old.observation_space, old.action_space, self.device
         )
         if self.compiles:

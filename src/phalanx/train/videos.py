@@ -33,6 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from phalanx.config import VIDEO_FORMATS
+from phalanx.envs.classic import MASKED_GYMNASIUM
 from phalanx.errors import ConfigError, EnvError
 from phalanx.files import atomic_write
 from phalanx.train.environments import EVAL_SEED_OFFSET
@@ -111,15 +112,21 @@ class EpisodeFrames:
 
 class GymnasiumEpisode(EpisodeFrames):
     """The episode of ``policy`` (raw observation in, env action out) on Gymnasium's ``env_id``, drawn
-    with ``render_mode="rgb_array"`` (the built-in single-agent envs share Gymnasium's ids)."""
+    with ``render_mode="rgb_array"`` (the built-in single-agent envs share Gymnasium's ids; a memory task,
+    ``CartPoleNoVel-v1``, is its Gymnasium env with the same entries masked). A policy with memory acts on
+    the episode's steps in order (a new policy object per episode)."""
 
     def __init__(
         self, env_id: str, policy: Callable[[Any], Any], seed: int, max_steps: int = MAX_EPISODE_STEPS
     ) -> None:
         self.policy = policy
-        gym_id = env_id.removeprefix("gym:")
+        gym_id, masked = MASKED_GYMNASIUM.get(env_id, (env_id.removeprefix("gym:"), ()))
         try:  # a missing simulator shows here, a missing renderer at the first render (pygame, OpenGL)
             env = gym.make(gym_id, render_mode="rgb_array")
+            if masked:  # a memory task: the Gymnasium env's observations with the same entries zeroed
+                mask = np.ones(env.observation_space.shape, dtype=np.float32)
+                mask[list(masked)] = 0.0
+                env = gym.wrappers.TransformObservation(env, lambda obs: obs * mask, env.observation_space)
         except gym.error.DependencyNotInstalled as error:
             raise EnvError(f"cannot render {gym_id!r}: {error}. {_install_hint(error)}") from None
         except gym.error.Error as error:

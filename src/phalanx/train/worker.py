@@ -8,9 +8,11 @@ from typing import Any, NamedTuple
 import torch
 
 from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
+from phalanx.algos.recurrent import RecurrentRolloutBuffer, is_recurrent
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.compiling import compiled
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
+from phalanx.errors import CheckpointError
 
 Tensor = torch.Tensor
 
@@ -80,9 +82,17 @@ class Worker:
         self.compiled_rollout_step: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None
         self._step_indices: list[Tensor] = []
         self.compiled_parts: list[str] | None = None  # what compile() compiled; None before it is called
+        self.recurrent = is_recurrent(algorithm)
+        self.memory: Tensor | None = None
+        """A recurrent policy's memory of every sub-env ``(N, M, H)``, carried across rollouts."""
+        self.episode_starts: Tensor | None = None
+        """Recurrent: which sub-envs' current observation starts an episode ``(N,)`` (memory zeroed first)."""
 
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
+        if self.recurrent:
+            self.memory = self.algorithm.initial_memory(self.env.num_envs)  # type: ignore[union-attr]
+            self.episode_starts = torch.ones(self.env.num_envs, dtype=torch.bool, device=self.obs.device)
 
     @property
     def halves(self) -> list[VecEnv] | None:
@@ -95,6 +105,8 @@ class Worker:
         """Fill ``buffer`` with ``buffer.horizon`` steps of every sub-env."""
         if self.obs is None:
             raise RuntimeError("Worker.collect called before Worker.reset")
+        if self.recurrent:
+            return self._collect_recurrent(buffer)  # type: ignore[arg-type]
         if self.halves is not None:
             return self._collect_double_buffered(buffer, *self.halves)
         if self.compiled_rollout_step is not None:
@@ -109,6 +121,26 @@ class Worker:
             )
             ended.append((info["episode_return"], info["episode_length"], dones))
             self.obs = next_obs
+        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
+        return buffer
+
+    def _collect_recurrent(self, buffer: RecurrentRolloutBuffer) -> RolloutBuffer:
+        """:meth:`collect` with a recurrent policy: the memory of every sub-env goes from step to step
+        (zeroed where an episode starts), and the buffer stores, per step, the memory before it and the
+        episode starts, and the memory after the last step: what the update recomputes the memory from."""
+        explore = self.algorithm.explore
+        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
+        for step in range(buffer.horizon):
+            buffer.add_memory(step, self.memory, self.episode_starts)
+            actions, log_probs, values, self.memory = explore(self.obs, self.memory, self.episode_starts)
+            next_obs, rewards, terminated, truncated, info = self.env.step(actions)
+            dones = terminated | truncated
+            buffer.add(
+                step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
+            )
+            ended.append((info["episode_return"], info["episode_length"], dones))
+            self.obs, self.episode_starts = next_obs, dones  # same-step autoreset: next_obs starts anew
+        buffer.final_memory.copy_(self.memory)
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
 
@@ -164,12 +196,13 @@ class Worker:
         the call, from the same generators in the same order as the eager path, so that compiled and
         eager rollouts differ only by float rounding. The horizon loop stays in Python, one call per
         step: a rollout unrolled into one graph takes minutes to compile. An off-policy algorithm acts
-        through its exploration policy, which this does not compile: [].
+        through its exploration policy, which this does not compile: []; nor does a recurrent policy's
+        acting with memory (it stays eager): [].
         """
         if self.compiled_parts is not None:
             return self.compiled_parts
         self.compiled_parts = []
-        if self.algorithm.on_policy:  # type: ignore[union-attr]
+        if self.algorithm.on_policy and not self.recurrent:  # type: ignore[union-attr]
             if self.env.traceable and self.halves is None:
                 self.compiled_rollout_step = compiled(self.rollout_step)
                 self.compiled_parts.append("acting + env step + buffer write")
@@ -309,7 +342,17 @@ class Worker:
         )
 
     def state_dict(self) -> dict[str, Any]:
+        """The last observations (and a recurrent policy's memory and episode starts)."""
+        if self.recurrent:
+            return {"obs": self.obs, "memory": self.memory, "episode_starts": self.episode_starts}
         return {"obs": self.obs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.obs = state["obs"]
+        if self.recurrent:
+            if "memory" not in state:
+                raise CheckpointError(
+                    "the checkpoint's worker state has no memory, but this run's policy is recurrent: the "
+                    "checkpoint is of a feed-forward run. Resume it with its own config."
+                )
+            self.memory, self.episode_starts = state["memory"], state["episode_starts"]

@@ -1,0 +1,441 @@
+"""Recurrent PPO and A2C: an actor-critic with a memory (LSTM or GRU) carried from step to step.
+
+A run asks for it with ``recurrent: lstm`` (or ``gru``) in the PPO or A2C hyperparameters
+(``phalanx.registry.algorithm_class`` then builds :class:`RecurrentPPO` / :class:`RecurrentA2C`). The
+network (:class:`RecurrentActorCritic`) is observations -> encoder (``phalanx.nets.feature_encoder``;
+flat observations are their own features) -> one LSTM/GRU cell shared by actor and critic -> the
+policy head and the value head of the feed-forward algorithms (``CategoricalPolicy`` / ``GaussianPolicy``
+and ``ValueNet``, on the cell's output).
+
+**Memory.** Each sub-env has one memory tensor, ``(M, H)``: ``M = 2`` rows (h and c) for an LSTM, 1 for a
+GRU, ``H = recurrent_hidden_size``; a batch of them is ``(B, M, H)``. Before each step the memory of a
+sub-env whose observation starts an episode is zeroed (:func:`reset_memory`; with the same-step autoreset
+the observation after a done is the next episode's first), so an episode never sees the previous one.
+
+**Collection** (``phalanx.train.worker.Worker``) stores, per step, the memory before the step (not yet
+reset) and the episode-start flags (:class:`RecurrentRolloutBuffer`), and the memory after the last
+step; the update recomputes from them exactly the memory the policy acted with.
+
+**Update.** The learning rule is PPO's (:func:`~phalanx.algos.ppo.actor_critic_loss`, GAE, the
+optimiser, A2C's differences) unchanged; what differs is how a minibatch is formed and how its
+log-probabilities and values are computed. Each sub-env's rollout of ``horizon`` steps is cut into
+sequences of ``sequence_length`` steps (default: the whole horizon); a minibatch is a random set of
+``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the cell
+from its stored first memory, the memory zeroed inside it where an episode starts, and the gradient
+flows back through the whole sequence (truncated backpropagation through time: not into the memory it
+starts from). Its first ``burn_in`` steps run without gradient and are left out of the loss: they only
+warm the memory with the current weights. Bootstrapping values of truncated episodes read the memory
+after the step (:meth:`RecurrentPPO.next_values`).
+
+**Acting outside training**: :meth:`RecurrentPPO.act_with_memory` (a pure function of observations,
+memory and episode starts); :func:`actor` wraps any algorithm as an :class:`Actor` that acts on a
+stream of steps of B sub-envs and is told which episodes ended (the evaluator, videos and deployed
+agents act through it). :class:`RecurrentActing` is the export form: memory in, memory out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from phalanx.algos.base import ActingModule, Algorithm
+from phalanx.algos.ppo import (
+    A2C,
+    PPO,
+    A2CConfig,
+    ActorCriticBatch,
+    ActorCriticConfig,
+    PPOConfig,
+    actor_critic_loss,
+)
+from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, feature_encoder
+
+Tensor = torch.Tensor
+
+
+def observation_encoder(observation_space: gym.Space) -> tuple[nn.Module | None, int]:
+    """The encoder of the recurrent network's observations and its feature size (None: flat observations
+    are the features)."""
+    return feature_encoder(observation_space, "auto")
+
+
+def reset_memory(memory: Tensor, episode_starts: Tensor) -> Tensor:
+    """``memory`` ``(B, M, H)`` with the rows zeroed where ``episode_starts`` ``(B,)`` is true."""
+    return memory * (~episode_starts).to(memory.dtype).view(-1, 1, 1)
+
+
+class RecurrentActorCritic(nn.Module):
+    """Observations -> encoder -> LSTM or GRU cell -> policy head and value head.
+
+    :meth:`step` is one step of B sub-envs; :meth:`unroll` a sequence of L steps of B sub-envs with
+    resets where episodes start, through the same cell, so that the update recomputes exactly what acting
+    computed.
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: ActorCriticConfig):
+        super().__init__()
+        self.encoder, features = observation_encoder(observation_space)
+        hidden = config.recurrent_hidden_size
+        self.kind = config.recurrent
+        self.cell: nn.LSTMCell | nn.GRUCell = (
+            nn.LSTMCell(features, hidden) if self.kind == "lstm" else nn.GRUCell(features, hidden)
+        )
+        for name, parameter in self.cell.named_parameters():  # CleanRL's init of the LSTM
+            if name.startswith("bias"):
+                nn.init.zeros_(parameter)
+            else:
+                nn.init.orthogonal_(parameter, 1.0)
+        self.memory_shape = (2 if self.kind == "lstm" else 1, hidden)
+        """One sub-env's memory: h and c of an LSTM, h of a GRU, each ``recurrent_hidden_size``."""
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.policy: CategoricalPolicy | GaussianPolicy = CategoricalPolicy(
+                hidden, int(action_space.n), config.hidden_sizes, config.activation
+            )
+        else:
+            self.policy = GaussianPolicy(
+                hidden,
+                int(action_space.shape[0]),
+                config.hidden_sizes,
+                config.activation,
+                config.log_std_init,
+            )
+        self.value = ValueNet(hidden, config.hidden_sizes, config.activation)
+
+    def encode(self, obs: Tensor) -> Tensor:
+        """Features ``(B, F)`` of observations ``(B, *obs_shape)``."""
+        return obs if self.encoder is None else self.encoder(obs)
+
+    def cell_step(self, features: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The cell's output ``(B, H)`` and new memory ``(B, M, H)`` for features ``(B, F)``."""
+        if self.kind == "lstm":
+            hidden, cell = self.cell(features, (memory[:, 0], memory[:, 1]))
+            return hidden, torch.stack((hidden, cell), dim=1)
+        hidden = self.cell(features, memory[:, 0])
+        return hidden, hidden.unsqueeze(1)
+
+    def step(self, obs: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """One step: the recurrent features ``(B, H)`` and the memory after it ``(B, M, H)``, from
+        observations ``(B, *obs_shape)`` and the memory before it (already reset where episodes start)."""
+        return self.cell_step(self.encode(obs), memory)
+
+    def unroll(self, obs: Tensor, memory: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor]:
+        """L steps of B sub-envs: features ``(L, B, H)`` and the memory after the last step, from
+        observations ``(L, B, *obs_shape)``, the memory before the first step ``(B, M, H)`` and the episode
+        starts ``(L, B)`` (the memory is zeroed before each step where they are true)."""
+        length, batch = episode_starts.shape
+        features = self.encode(obs.flatten(0, 1)).view(length, batch, -1)  # the encoder batched over steps
+        outputs = []
+        for t in range(length):
+            hidden, memory = self.cell_step(features[t], reset_memory(memory, episode_starts[t]))
+            outputs.append(hidden)
+        return torch.stack(outputs), memory
+
+
+class RecurrentRolloutBuffer(RolloutBuffer):
+    """A :class:`~phalanx.buffers.RolloutBuffer` with what a recurrent update needs besides:
+
+    - ``memory`` ``(T, N, M, H)``: each step's memory before the step, as carried (not yet reset where
+      the step's observation starts an episode);
+    - ``episode_starts`` ``(T, N)`` bool: the step's observation is the first of an episode;
+    - ``final_memory`` ``(N, M, H)``: the memory after the last step (for the last bootstrap values).
+    """
+
+    MEMORY_FIELDS = ("memory", "episode_starts", "final_memory")
+
+    def __init__(self, horizon: int, num_envs: int, *args: Any, memory_shape: tuple[int, int], **kwargs: Any):
+        super().__init__(horizon, num_envs, *args, **kwargs)
+        self.memory_shape = tuple(memory_shape)
+        self.memory = torch.zeros(horizon, num_envs, *self.memory_shape, device=self.device)
+        self.episode_starts = torch.zeros(horizon, num_envs, dtype=torch.bool, device=self.device)
+        self.final_memory = torch.zeros(num_envs, *self.memory_shape, device=self.device)
+
+    def add_memory(self, step: int, memory: Tensor, episode_starts: Tensor) -> None:
+        """Record the memory ``(N, M, H)`` before step ``step`` and its episode starts ``(N,)``."""
+        self.memory[step].copy_(memory)
+        self.episode_starts[step].copy_(episode_starts)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + sum(getattr(self, name).nbytes for name in self.MEMORY_FIELDS)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **{name: getattr(self, name).clone() for name in self.MEMORY_FIELDS}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.MEMORY_FIELDS:
+            storage = getattr(self, name)
+            if name not in state or state[name].shape != storage.shape:
+                raise CheckpointError(
+                    f"RecurrentRolloutBuffer state {name!r} is missing or has another shape than "
+                    f"{tuple(storage.shape)}; the checkpoint was written with a different horizon, "
+                    "num_envs or recurrent_hidden_size."
+                )
+        super().load_state_dict(state)
+        for name in self.MEMORY_FIELDS:
+            getattr(self, name).copy_(state[name])
+
+
+class RecurrentPPO(PPO):
+    """PPO with a recurrent policy: PPO's learning rule on minibatches of whole sequences."""
+
+    name = "ppo"
+    config_class = PPOConfig
+    config: PPOConfig
+
+    def __init__(
+        self,
+        config: ActorCriticConfig,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        device: torch.device,
+    ) -> None:
+        Algorithm.__init__(self, config, observation_space, action_space, device)
+        if config.recurrent is None:
+            raise ConfigError(
+                f"{type(self).__name__} needs recurrent: lstm or gru in its hyperparameters; build the "
+                "algorithm of a config with phalanx.registry.algorithm_class(algo, hyperparameters)."
+            )
+        self.network = RecurrentActorCritic(observation_space, action_space, config).to(self.device)
+        self.parameters = list(self.network.parameters())
+        self.optimizer = self.make_optimizer()
+        self.gradient_step = None  # the recurrent update runs eagerly (see compile)
+        self.gae = compute_gae
+
+    @property
+    def memory_shape(self) -> tuple[int, int]:
+        """One sub-env's memory ``(M, H)``: M = 2 (h, c) for an LSTM, 1 for a GRU."""
+        return self.network.memory_shape
+
+    def initial_memory(self, batch: int) -> Tensor:
+        """The memory ``(batch, M, H)`` of sub-envs that start an episode: zeros."""
+        return torch.zeros(batch, *self.memory_shape, device=self.device)
+
+    def rollout_buffer(
+        self, horizon: int, num_envs: int, *args: Any, **kwargs: Any
+    ) -> RecurrentRolloutBuffer:
+        return RecurrentRolloutBuffer(horizon, num_envs, *args, memory_shape=self.memory_shape, **kwargs)
+
+    # -- acting ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def explore(  # type: ignore[override]
+        self, obs: Tensor, memory: Tensor, episode_starts: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Collection: ``(actions, log_probs, values, memory after the step)`` of observations ``(N, ...)``,
+        the memory before the step ``(N, M, H)`` and the episode starts ``(N,)``."""
+        hidden, memory = self.network.step(obs, reset_memory(memory, episode_starts))
+        actions, log_probs = self.network.policy.sample(hidden)
+        return actions, log_probs, self.network.value(hidden), memory
+
+    @torch.no_grad()
+    def act_with_memory(
+        self,
+        obs: Tensor,
+        memory: Tensor,
+        episode_starts: Tensor | None = None,
+        deterministic: bool = True,
+    ) -> tuple[Tensor, Tensor]:
+        """``(actions, memory after the step)`` of observations ``(B, ...)`` and the memory before the step
+        ``(B, M, H)`` (:meth:`initial_memory` for new episodes); ``episode_starts`` ``(B,)``: rows whose
+        memory is zeroed first (None: none)."""
+        if episode_starts is not None:
+            memory = reset_memory(memory, episode_starts)
+        hidden, memory = self.network.step(obs, memory)
+        policy = self.network.policy
+        actions = policy.deterministic_action(hidden) if deterministic else policy.sample(hidden)[0]
+        return actions, memory
+
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        raise ConfigError(
+            f"a recurrent {self.name} policy acts with its memory: call act_with_memory(obs, memory, "
+            "episode_starts), or act through phalanx.algos.recurrent.actor(algorithm), which carries the "
+            "memory of a stream of steps."
+        )
+
+    def acting_module(self, stochastic: bool = False) -> RecurrentActing:
+        return RecurrentActing(self.network, stochastic)
+
+    @classmethod
+    def side_by_side(cls, agents: list[Algorithm]) -> RecurrentSideBySide:
+        return RecurrentSideBySide(agents)  # type: ignore[arg-type]
+
+    # -- learning --------------------------------------------------------------------------------
+    def compile(self) -> list[str]:
+        """Nothing: the recurrent update loops over the steps of a sequence in Python, which would compile
+        into one graph per sequence length unrolled (minutes); it runs eagerly."""
+        return []
+
+    def next_values(self, rollout: RecurrentRolloutBuffer) -> Tensor:  # type: ignore[override]
+        """The value ``(T, N)`` of every step's true next observation with the memory after the step (the
+        next step's stored memory, the final memory after the last step), all steps as one batch."""
+        horizon, num_envs = rollout.rewards.shape
+        after = torch.cat((rollout.memory[1:], rollout.final_memory.unsqueeze(0)))  # (T, N, M, H)
+        hidden, _ = self.network.step(rollout.next_obs.flatten(0, 1), after.flatten(0, 1))
+        return self.network.value(hidden).view(horizon, num_envs)
+
+    def loss_inputs(self, rollout: RecurrentRolloutBuffer) -> tuple[Tensor, ...]:  # type: ignore[override]
+        """The rollout as ``(T, N, ...)`` steps: observations, actions, memory and episode starts."""
+        return rollout.obs, rollout.actions, rollout.memory, rollout.episode_starts
+
+    def minibatch_indices(self, rollout: RolloutBuffer) -> list[Tensor]:
+        """One epoch's minibatches of sequences: shuffled sequence ids ``chunk * N + env`` (chunk c of a
+        sub-env's rollout is its steps ``[c * L, (c + 1) * L)``), ``minibatch_size / L`` per minibatch."""
+        horizon, num_envs = rollout.rewards.shape
+        length = self.config.sequence_steps()
+        sequences = horizon // length * num_envs
+        per_minibatch = self.minibatch_size(horizon * num_envs) // length
+        return list(torch.randperm(sequences, device=self.device).split(per_minibatch))
+
+    def minibatch_loss(  # type: ignore[override]
+        self,
+        targets: Tensor,
+        index: Tensor,
+        obs: Tensor,
+        actions: Tensor,
+        memory: Tensor,
+        episode_starts: Tensor,
+    ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
+        """The loss of the sequences ``index`` (ids of :meth:`minibatch_indices`): each run through the cell
+        from its stored first memory, the first ``burn_in`` steps without gradient and out of the loss."""
+        num_envs = episode_starts.shape[1]
+        length, burn_in = self.config.sequence_steps(), self.config.burn_in
+        envs = index % num_envs  # (S,)
+        steps = (index // num_envs * length).unsqueeze(0) + torch.arange(
+            length, device=index.device
+        ).unsqueeze(1)
+        envs = envs.unsqueeze(0).expand_as(steps)  # (L, S), as steps
+        sequence_obs, starts = obs[steps, envs], episode_starts[steps, envs]  # (L, S, ...), (L, S)
+        start_memory = memory[steps[0], envs[0]]  # (S, M, H): the stored memory before each first step
+        if burn_in:
+            with torch.no_grad():
+                _, start_memory = self.network.unroll(sequence_obs[:burn_in], start_memory, starts[:burn_in])
+        hidden, _ = self.network.unroll(sequence_obs[burn_in:], start_memory, starts[burn_in:])
+        hidden = hidden.flatten(0, 1)  # ((L - burn_in) * S, H), time-major as the flat index below
+        flat = (steps[burn_in:] * num_envs + envs[burn_in:]).flatten()  # into the (T * N) targets
+        old_log_probs, advantages, old_values, returns = targets.index_select(1, flat)
+        batch = ActorCriticBatch(
+            hidden, actions[steps[burn_in:], envs[burn_in:]].flatten(0, 1), old_log_probs, advantages,
+            old_values, returns, hidden,
+        )  # fmt: skip
+        result = actor_critic_loss(
+            self.network.policy, self.network.value, batch, self.loss_hyperparameters()
+        )
+        return result.loss, (result.metrics, result.ratio, result.log_ratio)
+
+
+class RecurrentA2C(RecurrentPPO, A2C):
+    """A2C with a recurrent policy: one full-batch pass over all sequences, -log pi(a|s) * A, RMSprop."""
+
+    name = "a2c"
+    config_class = A2CConfig
+    config: A2CConfig  # type: ignore[assignment]
+
+
+class RecurrentActing(ActingModule):
+    """A recurrent policy's acting as a module of tensors alone (export): ``forward(obs, memory[, noise])``
+    gives ``(actions, memory after the step)``; ``memory`` ``(B, M, H)`` is zeros at an episode's start and
+    the previous call's output after it."""
+
+    def __init__(self, network: RecurrentActorCritic, stochastic: bool = False) -> None:
+        super().__init__(network.policy.action_noise if stochastic else None)
+        self.network = network
+        self.inputs = ("obs", "memory", *(("noise",) if stochastic else ()))
+        self.memory_shape = network.memory_shape
+
+    def forward(self, obs: Tensor, memory: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        hidden, memory = self.network.step(obs, memory)
+        policy = self.network.policy
+        actions = (
+            policy.deterministic_action(hidden) if noise is None else policy.sample(hidden, noise=noise)[0]
+        )
+        return actions, memory
+
+
+class RecurrentSideBySide:
+    """k recurrent agents as one: agent i acts on its own block of ``len(obs) / k`` rows (and memory rows)."""
+
+    def __init__(self, agents: list[RecurrentPPO]) -> None:
+        self.agents = agents
+        self.memory_shape = agents[0].memory_shape
+        self.device = agents[0].device
+
+    def initial_memory(self, batch: int) -> Tensor:
+        return torch.zeros(batch, *self.memory_shape, device=self.device)
+
+    def act_with_memory(
+        self, obs: Tensor, memory: Tensor, episode_starts: Tensor | None = None, deterministic: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        k = len(self.agents)
+        starts = [None] * k if episode_starts is None else episode_starts.chunk(k)
+        results = [
+            agent.act_with_memory(rows, rows_memory, rows_starts, deterministic)
+            for agent, rows, rows_memory, rows_starts in zip(
+                self.agents, obs.chunk(k), memory.chunk(k), starts, strict=True
+            )
+        ]
+        return torch.cat([actions for actions, _ in results]), torch.cat([memory for _, memory in results])
+
+
+class Actor:
+    """Acting on a stream of steps of B sub-envs: :meth:`act` on each step's observations, then
+    :meth:`episodes_ended` with the step's dones. A feed-forward policy has nothing to carry: this is its
+    ``act``; :class:`MemoryActor` carries a recurrent policy's memory. Made by :func:`actor`."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Actions of observations ``(B, ...)``."""
+        return self.policy.act(obs, deterministic)
+
+    def episodes_ended(self, dones: Tensor) -> None:
+        """The episodes of the rows where ``dones`` ``(B,)`` is true ended: the next observations start new
+        ones."""
+
+    def reset(self) -> None:
+        """Forget every episode: the next :meth:`act` starts all rows afresh."""
+
+
+class MemoryActor(Actor):
+    """A recurrent policy's :class:`Actor`: it carries the memory ``(B, M, H)`` from step to step, zeros
+    at the first step and for the rows whose episode ended."""
+
+    def __init__(self, policy: RecurrentPPO | RecurrentSideBySide) -> None:
+        super().__init__(policy)
+        self.memory: Tensor | None = None
+
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        if self.memory is None:
+            self.memory = self.policy.initial_memory(obs.shape[0])
+        elif self.memory.shape[0] != obs.shape[0]:
+            raise ValueError(
+                f"MemoryActor.act: {obs.shape[0]} rows of observations, but the memory is of "
+                f"{self.memory.shape[0]} sub-envs (the rows of the first step). Call reset() to start a new "
+                "stream of another batch size."
+            )
+        actions, self.memory = self.policy.act_with_memory(obs, self.memory, None, deterministic)
+        return actions
+
+    def episodes_ended(self, dones: Tensor) -> None:
+        if self.memory is not None:
+            self.memory = reset_memory(self.memory, dones.to(self.memory.device))
+
+    def reset(self) -> None:
+        self.memory = None
+
+
+def actor(policy: Any) -> Actor:
+    """The :class:`Actor` of an algorithm (or of k side by side): a :class:`MemoryActor` for a recurrent
+    policy, else the policy's own ``act``."""
+    if isinstance(policy, RecurrentPPO | RecurrentSideBySide):
+        return MemoryActor(policy)
+    return Actor(policy)
+
+
+def is_recurrent(algorithm: Any) -> bool:
+    """Whether ``algorithm`` acts with a memory."""
+    return isinstance(algorithm, RecurrentPPO | RecurrentSideBySide)
