@@ -16,7 +16,7 @@ import torch
 
 from phalanx.algos.recurrent import actor
 from phalanx.config import TrainConfig
-from phalanx.envs.core import BatchedVecEnv, VecEnv, as_device, block_seeds
+from phalanx.envs.core import BatchedVecEnv, VecEnv, as_device, block_seeds, episode_ends
 from phalanx.envs.registry import register_env
 from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
 from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
@@ -102,7 +102,7 @@ class Evaluator(BestReturn):
             obs, _, terminated, truncated, info = env.step(act(obs, info))
             if episodes_ended is not None:
                 episodes_ended(terminated | truncated)
-            first_end = (terminated | truncated) & ~finished
+            first_end = episode_ends(info) & ~finished  # Atari: the game, not a life, ended
             rows = first_end.view(-1, *[1] * (returns.dim() - 1))
             returns = torch.where(rows, episode_return(info), returns)
             lengths = torch.where(first_end, info["episode_length"], lengths)

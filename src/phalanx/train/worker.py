@@ -11,7 +11,7 @@ from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
 from phalanx.algos.recurrent import RecurrentRolloutBuffer, is_recurrent
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.compiling import compiled
-from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions
+from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions, episode_ends
 from phalanx.errors import CheckpointError
 
 Tensor = torch.Tensor
@@ -28,6 +28,7 @@ class Transition(NamedTuple):
     truncated: torch.Tensor  # (N,)
     episode_return: torch.Tensor  # (N,), valid where the episode ended
     episode_length: torch.Tensor  # (N,)
+    episode_ended: torch.Tensor  # (N,) bool: the rows whose episode statistics are valid (episode_ends)
 
 
 class EpisodeLog:
@@ -119,7 +120,7 @@ class Worker:
             buffer.add(
                 step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
             )
-            ended.append((info["episode_return"], info["episode_length"], dones))
+            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
             self.obs = next_obs
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
@@ -138,7 +139,7 @@ class Worker:
             buffer.add(
                 step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
             )
-            ended.append((info["episode_return"], info["episode_length"], dones))
+            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
             self.obs, self.episode_starts = next_obs, dones  # same-step autoreset: next_obs starts anew
         buffer.final_memory.copy_(self.memory)
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
@@ -179,7 +180,7 @@ class Worker:
                 dones,
                 info["final_obs"],
             )
-            ended.append((info["episode_return"], info["episode_length"], dones))
+            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
             obs = [next_obs[:size], next_obs[size:]]
         self.obs = torch.cat(obs)
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
@@ -330,6 +331,7 @@ class Worker:
             truncated,
             info["episode_return"],
             info["episode_length"],
+            episode_ends(info),
         )
         self.obs, self._sent = next_obs, None
         return transition
@@ -337,9 +339,7 @@ class Worker:
     def store(self, replay: ReplayBuffer, transition: Transition) -> None:
         """Add ``transition`` to ``replay`` and its finished episodes to the episode log."""
         replay.add(*transition[:6])
-        self.episodes.record(
-            transition.episode_return, transition.episode_length, transition.terminated | transition.truncated
-        )
+        self.episodes.record(transition.episode_return, transition.episode_length, transition.episode_ended)
 
     def state_dict(self) -> dict[str, Any]:
         """The last observations (and a recurrent policy's memory and episode starts)."""
