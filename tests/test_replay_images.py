@@ -220,9 +220,9 @@ def test_bytes_per_atari_transition_follow_from_the_shapes():
     assert uint8.nbytes == capacity * (2 * 4 * frame + side)
     slots = capacity // num_envs
     rows = lambda k: num_envs * (slots + slots // 8 + 2 * k + 1)  # noqa: E731
-    serials_and_heads = capacity * 16 + num_envs * 8
-    assert lean.nbytes == rows(1) * 4 * frame + capacity * side + serials_and_heads
-    assert shared.nbytes == rows(4) * frame + capacity * side + serials_and_heads
+    serials_heads_lasts = capacity * 16 + num_envs * (8 + 4 * frame)
+    assert lean.nbytes == rows(1) * 4 * frame + capacity * side + serials_heads_lasts
+    assert shared.nbytes == rows(4) * frame + capacity * side + serials_heads_lasts
     needed = CompactReplayBuffer.bytes_needed(slots, num_envs, atari, (), torch.int64, torch.uint8, 4)
     assert shared.nbytes == needed
     per_transition = {buffer: buffer.nbytes / capacity for buffer in (float32, uint8, lean, shared)}

@@ -548,7 +548,17 @@ class CompactReplayBuffer:
     ``(k, ...)``: the frames along the first axis, as Atari's ``(4, 84, 84)``.
     """
 
-    FIELDS = ("frames", "obs_serial", "next_serial", "actions", "rewards", "terminated", "truncated", "head")
+    FIELDS = (
+        "frames",
+        "obs_serial",
+        "next_serial",
+        "actions",
+        "rewards",
+        "terminated",
+        "truncated",
+        "head",
+        "last",
+    )
 
     def __init__(
         self,
@@ -600,9 +610,20 @@ class CompactReplayBuffer:
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.head = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
         """Per sub-env, the serial of the last row written (-1: none yet)."""
+        self.last = torch.zeros(
+            num_envs, stacked_frames, *self.frame_shape, dtype=obs_dtype, device=self.device
+        )
+        """Per sub-env, the observation stored last (the rows ending at ``head``), which the next is
+        compared with."""
         self.position = 0  # the slot written next
         self.filled = 0  # slots held, at most self.slots
-        self.envs = torch.arange(num_envs, device=self.device)
+        # Frames are copied and compared as whole machine words (the widest integer that divides a frame's
+        # bytes): index_select and index_copy_ of a CPU tensor take ~10x less time per frame than on bytes.
+        frame_bytes = obs_dtype.itemsize * math.prod(self.frame_shape)
+        self.word = next(dtype for dtype in WORDS if frame_bytes % dtype.itemsize == 0)
+        self.frame_words = self.words(self.frames)  # (N * (rows + 1), W): a view of the frames
+        self.last_words = self.words(self.last).view(num_envs, stacked_frames, -1)  # (N, k, W), a view
+        self.env_rows = torch.arange(num_envs, device=self.device).unsqueeze(1) * (self.rows + 1)  # (N, 1)
         self.frame_offsets = torch.arange(1 - stacked_frames, 1, device=self.device)  # (k,)
         self.frame_index = torch.arange(stacked_frames, device=self.device)  # (k,)
 
@@ -625,7 +646,8 @@ class CompactReplayBuffer:
         frame = obs_dtype.itemsize * math.prod(obs_shape) // stacked_frames
         rows = cls.rows_per_env(slots, stacked_frames) + 1  # and the spare row
         per_transition = 2 * 8 + transition_bytes(action_shape, action_dtype)  # two int64 serials
-        return num_envs * (rows * frame + slots * per_transition + 8)  # and the int64 head
+        # and per sub-env the int64 head and the last observation
+        return num_envs * (rows * frame + slots * per_transition + 8 + stacked_frames * frame)
 
     @property
     def nbytes(self) -> int:
@@ -647,15 +669,16 @@ class CompactReplayBuffer:
     ) -> None:
         """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
         synchronisation)."""
-        stack = (self.num_envs, self.stacked_frames, *self.frame_shape)
-        obs, next_obs = obs.reshape(stack), next_obs.reshape(stack)
-        last = self.frames[self.envs.unsqueeze(1), self.frame_rows(self.head)]  # (N, k, ...) stored last
-        obs_new = torch.where(self.head < 0, self.stacked_frames, self.new_frames(last, obs))  # (N,)
-        obs_serial = self.head + obs_new
-        next_serial = obs_serial + self.new_frames(obs, next_obs)
-        self.write(obs, obs_serial, obs_new)
-        self.write(next_obs, next_serial, next_serial - obs_serial)
+        stacks = (self.num_envs, self.stacked_frames, -1)
+        obs_words = self.words(obs.to(self.obs_dtype)).view(stacks)  # (N, k, W)
+        next_words = self.words(next_obs.to(self.obs_dtype)).view(stacks)
+        obs_new = torch.where(self.head < 0, self.stacked_frames, self.new_frames(self.last_words, obs_words))
+        obs_serial = self.head + obs_new  # (N,)
+        next_serial = obs_serial + self.new_frames(obs_words, next_words)
+        self.write(obs_words, obs_serial, obs_new)
+        self.write(next_words, next_serial, next_serial - obs_serial)
         self.head = next_serial
+        self.last_words.copy_(next_words)
         slot = self.position
         self.obs_serial[slot] = obs_serial
         self.next_serial[slot] = next_serial
@@ -666,9 +689,14 @@ class CompactReplayBuffer:
         self.position = (slot + 1) % self.slots
         self.filled = min(self.filled + 1, self.slots)
 
+    def words(self, tensor: Tensor) -> Tensor:
+        """``tensor`` (frames of the observation dtype, contiguous) as rows of machine words ``(-1, W)``."""
+        rows = tensor.numel() // math.prod(self.frame_shape)
+        return tensor.reshape(rows, -1).view(torch.uint8).view(self.word)
+
     def new_frames(self, previous: Tensor, current: Tensor) -> Tensor:
-        """Per sub-env, the frames of ``current`` to write after ``previous`` (both ``(N, k, ...)``): 0 if
-        they are equal, 1 if ``current`` is ``previous`` moved on by one frame, else k."""
+        """Per sub-env, the frames of ``current`` to write after ``previous`` (both ``(N, k, W)`` words): 0
+        if they are equal, 1 if ``current`` is ``previous`` moved on by one frame, else k."""
         equal = (current == previous).flatten(1).all(dim=1)
         if self.stacked_frames == 1:
             return (~equal).long()
@@ -676,11 +704,11 @@ class CompactReplayBuffer:
         return torch.where(equal, 0, torch.where(shifted, 1, self.stacked_frames))
 
     def write(self, stacks: Tensor, serials: Tensor, new: Tensor) -> None:
-        """Write the last ``new[i]`` frames of ``stacks[i]`` (``(N, k, ...)``) to the rows ending at
-        ``serials[i]``; the other frames go to the spare row (one index_put, whatever ``new`` is)."""
-        rows = self.frame_rows(serials)  # (N, k)
+        """Write the last ``new[i]`` frames of ``stacks[i]`` (``(N, k, W)`` words) to the rows ending at
+        ``serials[i]``; the other frames go to the spare row (one index_copy_, whatever ``new`` is)."""
         keep = self.frame_index >= self.stacked_frames - new.unsqueeze(1)  # (N, k): the newest new[i]
-        self.frames[self.envs.unsqueeze(1), torch.where(keep, rows, self.rows)] = stacks
+        rows = torch.where(keep, self.frame_rows(serials), self.rows)  # (N, k)
+        self.frame_words.index_copy_(0, (self.env_rows + rows).flatten(), stacks.flatten(0, 1))
 
     def frame_rows(self, serials: Tensor) -> Tensor:
         """The ring rows ``(..., k)`` of the observations ending at ``serials`` ``(...)``."""
@@ -688,8 +716,9 @@ class CompactReplayBuffer:
 
     def observations(self, serials: Tensor, envs: Tensor) -> Tensor:
         """The observations ``(B, *obs_shape)`` ending at ``serials`` of sub-envs ``envs`` (both ``(B,)``)."""
-        frames = self.frames[envs.unsqueeze(1), self.frame_rows(serials)]  # (B, k, *frame_shape)
-        return frames.reshape(-1, *self.obs_shape)
+        rows = self.env_rows[envs] + self.frame_rows(serials)  # (B, k)
+        words = self.frame_words.index_select(0, rows.flatten())  # (B * k, W)
+        return words.view(torch.uint8).view(self.obs_dtype).view(-1, *self.obs_shape)
 
     def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
         """A uniform batch of ``n_step``-step transitions, exactly as :meth:`ReplayBuffer.sample` draws it."""
@@ -744,6 +773,10 @@ class CompactReplayBuffer:
         load_fields(self, state, self.FIELDS, "CompactReplayBuffer")
         self.position = int(state["position"])
         self.filled = int(state["filled"])
+
+
+WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+"""The integer types :class:`CompactReplayBuffer` moves frames as, widest first."""
 
 
 def make_replay_buffer(
