@@ -161,18 +161,28 @@ def test_compact_replay_samples_exactly_what_the_plain_replay_samples(k, n_step)
         assert_same_batches(plain, compact, n_step, seed)
 
 
+def assert_transitions_added(batch, history, held: int, num_envs: int = 4) -> None:
+    """Each sampled transition is the one added (its reward names it) and among the ``held`` newest."""
+    for i in range(len(batch.rewards)):
+        step, env = divmod(int(batch.rewards[i]), num_envs)
+        assert step >= len(history) - held // num_envs, "sampled a transition that was dropped"
+        obs, actions, _, next_obs, terminated, _ = history[step]
+        assert torch.equal(batch.obs[i], obs[env]) and torch.equal(batch.next_obs[i], next_obs[env])
+        assert batch.actions[i] == actions[env] and batch.discounts[i] == 0.9 * (not terminated[env])
+
+
 def test_compact_replay_drops_only_overwritten_transitions_and_the_rest_stay_exact():
     # episodes of ~2 steps need 4 + 1 frames each: more than the rows hold, so the oldest slots go
     _, compact, history = filled_pair(4, capacity=160, steps=120, seed=3, end=0.5)
     assert 0 < len(compact) < 160
     torch.manual_seed(0)
-    batch = compact.sample(256, gamma=0.9)
-    for i in range(256):
-        step, env = divmod(int(batch.rewards[i]), 4)
-        assert step >= 120 - len(compact) // 4, "sampled a transition that was dropped"
-        obs, actions, _, next_obs, terminated, _ = history[step]
-        assert torch.equal(batch.obs[i], obs[env]) and torch.equal(batch.next_obs[i], next_obs[env])
-        assert batch.actions[i] == actions[env] and batch.discounts[i] == 0.9 * (not terminated[env])
+    assert_transitions_added(compact.sample(256, gamma=0.9), history, len(compact))
+    source = StackedFrames(4, 4, seed=4, end=0.5)
+    source.step_count = len(history)  # its rewards name its steps after those
+    for _ in range(40):  # adds and samples in turn: the buffer checks its rows only when it must
+        history.append(source.step())
+        compact.add(*history[-1])
+        assert_transitions_added(compact.sample(16, gamma=0.9), history, len(compact))
 
 
 def test_compact_replay_state_round_trip_continues_identically():

@@ -617,6 +617,10 @@ class CompactReplayBuffer:
         compared with."""
         self.position = 0  # the slot written next
         self.filled = 0  # slots held, at most self.slots
+        self.margin = -1
+        """Rows every sub-env can still write before the oldest held observation is written over, as of
+        the last check, less the most each add since may have written (2k): :meth:`drop_overwritten` checks
+        again (a host synchronisation) only once it is negative."""
         # Frames are copied and compared as whole machine words (the widest integer that divides a frame's
         # bytes): index_select and index_copy_ of a CPU tensor take ~10x less time per frame than on bytes.
         frame_bytes = obs_dtype.itemsize * math.prod(self.frame_shape)
@@ -688,6 +692,7 @@ class CompactReplayBuffer:
         self.truncated[slot].copy_(truncated)
         self.position = (slot + 1) % self.slots
         self.filled = min(self.filled + 1, self.slots)
+        self.margin -= 2 * self.stacked_frames
 
     def words(self, tensor: Tensor) -> Tensor:
         """``tensor`` (frames of the observation dtype, contiguous) as rows of machine words ``(-1, W)``."""
@@ -736,21 +741,26 @@ class CompactReplayBuffer:
 
     def drop_overwritten(self) -> None:
         """Drop the oldest transitions whose rows were written over (episodes shorter than the rows allow
-        for): one host synchronisation, and a binary search of a few more where some are."""
-        if self.filled == 0 or self.intact(0):
+        for). A host synchronisation once the rows written since the last check could have reached the
+        oldest held observation (with Atari's episodes, every few thousand adds), and a binary search of a
+        few more where some were."""
+        if self.filled == 0 or self.margin >= 0:
             return
-        broken, whole = 0, self.filled - 1  # the newest transition is always whole
-        while whole - broken > 1:
-            middle = (broken + whole) // 2
-            broken, whole = (broken, middle) if self.intact(middle) else (middle, whole)
-        self.filled -= whole
+        if self.rows_left(0) < 0:
+            broken, whole = 0, self.filled - 1  # the newest transition is always whole
+            while whole - broken > 1:
+                middle = (broken + whole) // 2
+                broken, whole = (middle, whole) if self.rows_left(middle) < 0 else (broken, middle)
+            self.filled -= whole
+        self.margin = self.rows_left(0)
 
-    def intact(self, age: int) -> bool:
-        """Whether the ``age``-th oldest slot's observations are still in the rows of every sub-env
-        (serials only grow along a sub-env's slots, so the later ones are too)."""
+    def rows_left(self, age: int) -> int:
+        """The rows every sub-env can still write before the ``age``-th oldest slot's observation is
+        written over; negative where it already is, in some sub-env (serials only grow along a sub-env's
+        slots, so the later slots' observations are then still whole)."""
         slot = (self.position - self.filled + age) % self.slots
         oldest_row = self.obs_serial[slot] + 1 - self.stacked_frames  # (N,)
-        return bool((oldest_row > self.head - self.rows).all())
+        return int((oldest_row - 1 - (self.head - self.rows)).min())
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name).clone() for name in self.FIELDS}
@@ -773,6 +783,7 @@ class CompactReplayBuffer:
         load_fields(self, state, self.FIELDS, "CompactReplayBuffer")
         self.position = int(state["position"])
         self.filled = int(state["filled"])
+        self.margin = -1
 
 
 WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
