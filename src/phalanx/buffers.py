@@ -12,11 +12,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.nets import is_image_space
 
 Tensor = torch.Tensor
+
+
+def observation_dtype(space: gym.Space) -> torch.dtype:
+    """The dtype buffers store observations of ``space`` in: the space's own (uint8 images stay uint8, one
+    byte a pixel; bool and integer observations as they come), float32 for a Dict (the VecEnv presents its
+    observations as flat float32 vectors) and for a space without a dtype."""
+    if isinstance(space, gym.spaces.Dict) or space.dtype is None:
+        return torch.float32
+    return torch.from_numpy(np.empty(0, dtype=space.dtype)).dtype
 
 
 class RolloutBuffer:
@@ -24,12 +36,13 @@ class RolloutBuffer:
 
     Fields (all preallocated on ``device``):
 
-    - ``obs`` ``(T, N, *obs_shape)`` float32: the observation each action was taken from.
+    - ``obs`` ``(T, N, *obs_shape)`` ``obs_dtype`` (float32 by default; uint8 images stay uint8): the
+      observation each action was taken from.
     - ``actions`` ``(T, N, *action_shape)``: int64 for discrete actions, float32 for continuous.
     - ``log_probs``, ``values``, ``rewards`` ``(T, N)`` float32.
     - ``terminated`` ``(T, N)`` bool: the episode reached a terminal state (no bootstrap).
     - ``dones`` ``(T, N)`` bool: ``terminated | truncated`` (the episode ended, either way).
-    - ``next_obs`` ``(T, N, *obs_shape)`` float32: the true next observation of each step, i.e. the
+    - ``next_obs`` ``(T, N, *obs_shape)`` ``obs_dtype``: the true next observation of each step, i.e. the
       env's ``info["final_obs"]`` (the last observation of an episode that ended at that step,
       not the first observation of the next one).
     """
@@ -44,23 +57,26 @@ class RolloutBuffer:
         action_shape: Sequence[int],
         action_dtype: torch.dtype,
         device: str | torch.device,
+        obs_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.horizon = horizon
         self.num_envs = num_envs
         self.obs_shape = tuple(obs_shape)
         self.action_shape = tuple(action_shape)
         self.action_dtype = action_dtype
+        self.obs_dtype = obs_dtype
         self.device = torch.device(device)
         steps = (horizon, num_envs)
         float32 = dict(dtype=torch.float32, device=self.device)
-        self.obs = torch.zeros(*steps, *self.obs_shape, **float32)  # (T, N, *obs_shape)
+        # (T, N, *obs_shape)
+        self.obs = torch.zeros(*steps, *self.obs_shape, dtype=obs_dtype, device=self.device)
         self.actions = torch.zeros(*steps, *self.action_shape, dtype=action_dtype, device=self.device)
         self.log_probs = torch.zeros(*steps, **float32)  # (T, N)
         self.values = torch.zeros(*steps, **float32)  # (T, N)
         self.rewards = torch.zeros(*steps, **float32)  # (T, N)
         self.terminated = torch.zeros(*steps, dtype=torch.bool, device=self.device)  # (T, N)
         self.dones = torch.zeros(*steps, dtype=torch.bool, device=self.device)  # (T, N)
-        self.next_obs = torch.zeros(*steps, *self.obs_shape, **float32)  # (T, N, *obs_shape)
+        self.next_obs = torch.zeros_like(self.obs)  # (T, N, *obs_shape)
         self.rows = [tuple(self._storage(name)[step] for name in self.FIELDS) for step in range(horizon)]
         """Per step, the views of its row of every field (in FIELDS' order): :meth:`add` copies into
         them without indexing the fields again."""
@@ -116,6 +132,10 @@ class RolloutBuffer:
         """Copies of every field (safe to keep while the buffer is reused)."""
         return {name: self._storage(name).clone() for name in self.FIELDS}
 
+    OBS_FIELDS = ("obs", "next_obs")
+    """The fields in the observation dtype: a checkpoint's may be in another (float32, written before
+    buffers kept the env's dtype), which loading converts."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy what :meth:`state_dict` returned into this buffer (any device; shapes must match)."""
         missing = [name for name in self.FIELDS if name not in state]
@@ -123,7 +143,8 @@ class RolloutBuffer:
             raise CheckpointError(f"RolloutBuffer state is missing {missing}; it has {sorted(state)}.")
         for name in self.FIELDS:
             storage, value = self._storage(name), state[name]
-            if value.shape != storage.shape or value.dtype != storage.dtype:
+            dtype_differs = value.dtype != storage.dtype and name not in self.OBS_FIELDS
+            if value.shape != storage.shape or dtype_differs:
                 raise CheckpointError(
                     f"RolloutBuffer state {name!r} is {tuple(value.shape)} {value.dtype}, but this buffer "
                     f"holds {tuple(storage.shape)} {storage.dtype}; the checkpoint was written with a "
@@ -140,7 +161,8 @@ class RolloutBuffer:
     def __repr__(self) -> str:
         return (
             f"RolloutBuffer(horizon={self.horizon}, num_envs={self.num_envs}, obs_shape={self.obs_shape}, "
-            f"action_shape={self.action_shape}, action_dtype={self.action_dtype}, device={self.device})"
+            f"action_shape={self.action_shape}, action_dtype={self.action_dtype}, "
+            f"obs_dtype={self.obs_dtype}, device={self.device})"
         )
 
 
@@ -349,6 +371,10 @@ class ReplayBuffer:
     true next observation (the env's ``final_obs`` where an episode ended), and ``terminated`` is kept
     apart from ``truncated``: a TD target bootstraps through a time limit, never through a terminal
     state. Sampling draws indices with ``torch.randint`` on the device: no host round trip.
+
+    Observations are stored in ``obs_dtype`` (uint8 images stay uint8). For images,
+    :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once instead of twice
+    (or 8 times); :func:`make_replay_buffer` chooses.
     """
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
@@ -361,6 +387,7 @@ class ReplayBuffer:
         action_shape: Sequence[int],
         action_dtype: torch.dtype,
         device: str | torch.device,
+        obs_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.device = torch.device(device)
         self.num_envs = num_envs
@@ -368,16 +395,16 @@ class ReplayBuffer:
         self.capacity = self.slots * num_envs
         self.obs_shape = tuple(obs_shape)
         self.action_shape = tuple(action_shape)
-        needed = self.bytes_needed(self.capacity, self.obs_shape, self.action_shape, action_dtype)
-        available = available_memory(self.device)
-        if available is not None and needed > 0.9 * available:
-            raise ConfigError(
-                f"a replay buffer of {self.capacity:,} transitions (obs {self.obs_shape}, actions "
-                f"{self.action_shape}) needs {needed / 2**30:.2f} GiB on {self.device}, but only "
-                f"{available / 2**30:.2f} GiB is available. Lower --buffer-size (or use another device)."
-            )
+        self.obs_dtype = obs_dtype
+        check_memory(
+            self.bytes_needed(self.capacity, self.obs_shape, self.action_shape, action_dtype, obs_dtype),
+            self.capacity,
+            self.obs_shape,
+            self.action_shape,
+            self.device,
+        )
         shape = (self.slots, num_envs)
-        self.obs = torch.zeros(*shape, *self.obs_shape, dtype=torch.float32, device=self.device)
+        self.obs = torch.zeros(*shape, *self.obs_shape, dtype=obs_dtype, device=self.device)
         self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
         self.next_obs = torch.zeros_like(self.obs)
@@ -387,13 +414,19 @@ class ReplayBuffer:
         self.filled = 0  # slots written so far, at most self.slots
 
     @staticmethod
-    def bytes_needed(capacity: int, obs_shape: tuple, action_shape: tuple, action_dtype: torch.dtype) -> int:
-        obs = 4 * math.prod(obs_shape)
-        action = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
-        return capacity * (2 * obs + action + 4 + 1 + 1)
+    def bytes_needed(
+        capacity: int,
+        obs_shape: tuple,
+        action_shape: tuple,
+        action_dtype: torch.dtype,
+        obs_dtype: torch.dtype = torch.float32,
+    ) -> int:
+        obs = obs_dtype.itemsize * math.prod(obs_shape)
+        return capacity * (2 * obs + transition_bytes(action_shape, action_dtype))
 
     @property
     def nbytes(self) -> int:
+        """Device memory held by the buffer, in bytes."""
         return sum(getattr(self, name).nbytes for name in self.FIELDS)
 
     def __len__(self) -> int:
@@ -438,14 +471,346 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self.FIELDS:
-            storage, value = getattr(self, name), state[name]
-            if value.shape != storage.shape:
-                raise CheckpointError(
-                    f"ReplayBuffer state {name!r} is {tuple(value.shape)}, but this buffer holds "
-                    f"{tuple(storage.shape)}; the checkpoint was written with another buffer_size "
-                    "or num_envs."
-                )
-            storage.copy_(value)
+        """Copy what :meth:`state_dict` returned into this buffer; observations saved in another dtype
+        (float32, before buffers kept the env's dtype) are converted."""
+        load_fields(self, state, self.FIELDS, "ReplayBuffer")
         self.position = int(state["position"])
         self.filled = int(state["filled"])
+
+
+def transition_bytes(action_shape: tuple, action_dtype: torch.dtype) -> int:
+    """Bytes of a stored transition besides its observations: the action, the reward, two flags."""
+    return action_dtype.itemsize * math.prod(action_shape) + 4 + 1 + 1
+
+
+def check_memory(
+    needed: int, capacity: int, obs_shape: tuple, action_shape: tuple, device: torch.device
+) -> None:
+    """A ConfigError with the fix where a replay buffer of ``needed`` bytes would not fit on ``device``."""
+    available = available_memory(device)
+    if available is not None and needed > 0.9 * available:
+        raise ConfigError(
+            f"a replay buffer of {capacity:,} transitions (obs {obs_shape}, actions "
+            f"{action_shape}) needs {needed / 2**30:.2f} GiB on {device}, but only "
+            f"{available / 2**30:.2f} GiB is available. Lower --buffer-size (or use another device)."
+        )
+
+
+def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner: str) -> None:
+    """Copy ``state[name]`` into ``buffer.name`` for each of ``fields``, after checking every shape (a
+    CheckpointError naming the field otherwise); dtypes are converted by the copy."""
+    missing = [name for name in fields if name not in state]
+    if missing:
+        raise CheckpointError(
+            f"{owner} state is missing {missing}; it has {sorted(state)}. The checkpoint was written by "
+            "another kind of replay buffer."
+        )
+    for name in fields:
+        storage, value = getattr(buffer, name), state[name]
+        if value.shape != storage.shape:
+            raise CheckpointError(
+                f"{owner} state {name!r} is {tuple(value.shape)}, but this buffer holds "
+                f"{tuple(storage.shape)}; the checkpoint was written with another buffer_size, "
+                "num_envs or observation space."
+            )
+    for name in fields:
+        getattr(buffer, name).copy_(state[name])
+
+
+class CompactReplayBuffer:
+    """A replay buffer that stores each observation once, and each frame of stacked frames once: for
+    images, as exact as :class:`ReplayBuffer` in a fraction of its memory.
+
+    A :class:`ReplayBuffer` stores every observation twice (as the ``obs`` of a step and as the
+    ``next_obs`` of the step before), and with ``k`` stacked frames each frame ``2k`` times. Here each
+    sub-env has a ring of frame rows, written in order; an observation is the ``k`` consecutive rows ending
+    at its *serial* (the count of rows the sub-env had written when it ended), and a transition stores the
+    serials of its ``obs`` and ``next_obs``. Adding a step writes only what the rows do not hold yet:
+
+    - ``obs`` equal to the observation stored last (the ``next_obs`` of the sub-env's previous step, as
+      the VecEnv contract has it): nothing; equal to it shifted by one frame: that new frame; else all
+      ``k`` (an episode's first observation);
+    - ``next_obs`` against ``obs`` likewise: one frame in a running episode of stacked frames (or the whole
+      observation, with ``k = 1``), and the final observation of an episode that ended gets its own row
+      like any other, where a ReplayBuffer that leaves ``next_obs`` out would have lost it.
+
+    Nothing is assumed: each step is compared with what is stored (a few elementwise ops on the device), so
+    any data reads back exactly as added, and ``sample`` returns, for the same random draws, the very
+    batch a :class:`ReplayBuffer` of the same capacity returns (it samples through the same
+    :class:`NStepWindow`; the stacks are rebuilt by one gather). A run of stacked frames costs one row per
+    transition plus ``k`` per episode; plain observations one row per transition plus one per episode.
+
+    The rows are ``slots + slots // 8 + 2k`` per sub-env: room for the episodes' extra rows as long as
+    they average at least ``8k`` steps (8 for plain observations, 32 for Atari's 4 frames). Where they
+    run out, the oldest transitions, whose rows were written over, leave the buffer (``len`` says how many
+    remain; :meth:`sample` finds them with one host synchronisation): the buffer then holds fewer than
+    ``capacity`` transitions, each still exact. ``stacked_frames = k > 1`` requires observations
+    ``(k, ...)``: the frames along the first axis, as Atari's ``(4, 84, 84)``.
+    """
+
+    FIELDS = (
+        "frames",
+        "obs_serial",
+        "next_serial",
+        "actions",
+        "rewards",
+        "terminated",
+        "truncated",
+        "head",
+        "last",
+    )
+
+    def __init__(
+        self,
+        capacity: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        action_shape: Sequence[int],
+        action_dtype: torch.dtype,
+        device: str | torch.device,
+        obs_dtype: torch.dtype = torch.uint8,
+        stacked_frames: int = 1,
+    ) -> None:
+        self.device = torch.device(device)
+        self.num_envs = num_envs
+        self.slots = max(capacity // num_envs, 1)
+        self.capacity = self.slots * num_envs
+        self.obs_shape = tuple(obs_shape)
+        self.action_shape = tuple(action_shape)
+        self.obs_dtype = obs_dtype
+        if stacked_frames < 1 or (stacked_frames > 1 and self.obs_shape[:1] != (stacked_frames,)):
+            raise ConfigError(
+                f"CompactReplayBuffer: stacked_frames = {stacked_frames} needs observations of shape "
+                f"({stacked_frames}, ...) (the frames along the first axis), but they are {self.obs_shape}. "
+                "Use stacked_frames = 1 (each observation stored whole)."
+            )
+        self.stacked_frames = stacked_frames
+        self.frame_shape = self.obs_shape[1:] if stacked_frames > 1 else self.obs_shape
+        self.rows = self.rows_per_env(self.slots, stacked_frames)
+        needed = self.bytes_needed(
+            self.slots, num_envs, self.obs_shape, self.action_shape, action_dtype, obs_dtype, stacked_frames
+        )
+        check_memory(
+            needed,
+            self.capacity,
+            self.obs_shape,
+            self.action_shape,
+            self.device,
+        )
+        shape = (self.slots, num_envs)
+        # the row after the last is written with what a step leaves out (writes stay one op per step)
+        self.frames = torch.zeros(
+            num_envs, self.rows + 1, *self.frame_shape, dtype=obs_dtype, device=self.device
+        )
+        self.obs_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self.next_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.head = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
+        """Per sub-env, the serial of the last row written (-1: none yet)."""
+        self.last = torch.zeros(
+            num_envs, stacked_frames, *self.frame_shape, dtype=obs_dtype, device=self.device
+        )
+        """Per sub-env, the observation stored last (the rows ending at ``head``), which the next is
+        compared with."""
+        self.position = 0  # the slot written next
+        self.filled = 0  # slots held, at most self.slots
+        self.margin = -1
+        """Rows every sub-env can still write before the oldest held observation is written over, as of
+        the last check, less the most each add since may have written (2k): :meth:`drop_overwritten` checks
+        again (a host synchronisation) only once it is negative."""
+        # Frames are copied and compared as whole machine words (the widest integer that divides a frame's
+        # bytes): index_select and index_copy_ of a CPU tensor take ~10x less time per frame than on bytes.
+        frame_bytes = obs_dtype.itemsize * math.prod(self.frame_shape)
+        self.word = next(dtype for dtype in WORDS if frame_bytes % dtype.itemsize == 0)
+        self.frame_words = self.words(self.frames)  # (N * (rows + 1), W): a view of the frames
+        self.last_words = self.words(self.last).view(num_envs, stacked_frames, -1)  # (N, k, W), a view
+        self.env_rows = torch.arange(num_envs, device=self.device).unsqueeze(1) * (self.rows + 1)  # (N, 1)
+        self.frame_offsets = torch.arange(1 - stacked_frames, 1, device=self.device)  # (k,)
+        self.frame_index = torch.arange(stacked_frames, device=self.device)  # (k,)
+
+    @staticmethod
+    def rows_per_env(slots: int, stacked_frames: int) -> int:
+        """Frame rows per sub-env: one per transition, an eighth more for the episodes' first frames."""
+        return slots + slots // 8 + 2 * stacked_frames
+
+    @classmethod
+    def bytes_needed(
+        cls,
+        slots: int,
+        num_envs: int,
+        obs_shape: tuple,
+        action_shape: tuple,
+        action_dtype: torch.dtype,
+        obs_dtype: torch.dtype,
+        stacked_frames: int,
+    ) -> int:
+        frame = obs_dtype.itemsize * math.prod(obs_shape) // stacked_frames
+        rows = cls.rows_per_env(slots, stacked_frames) + 1  # and the spare row
+        per_transition = 2 * 8 + transition_bytes(action_shape, action_dtype)  # two int64 serials
+        # and per sub-env the int64 head and the last observation
+        return num_envs * (rows * frame + slots * per_transition + 8 + stacked_frames * frame)
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held by the buffer, in bytes."""
+        return sum(getattr(self, name).nbytes for name in self.FIELDS)
+
+    def __len__(self) -> int:
+        self.drop_overwritten()
+        return self.filled * self.num_envs
+
+    def add(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        rewards: Tensor,
+        next_obs: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> None:
+        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
+        synchronisation)."""
+        stacks = (self.num_envs, self.stacked_frames, -1)
+        obs_words = self.words(obs.to(self.obs_dtype)).view(stacks)  # (N, k, W)
+        next_words = self.words(next_obs.to(self.obs_dtype)).view(stacks)
+        obs_new = torch.where(self.head < 0, self.stacked_frames, self.new_frames(self.last_words, obs_words))
+        obs_serial = self.head + obs_new  # (N,)
+        next_serial = obs_serial + self.new_frames(obs_words, next_words)
+        self.write(obs_words, obs_serial, obs_new)
+        self.write(next_words, next_serial, next_serial - obs_serial)
+        self.head = next_serial
+        self.last_words.copy_(next_words)
+        slot = self.position
+        self.obs_serial[slot] = obs_serial
+        self.next_serial[slot] = next_serial
+        self.actions[slot].copy_(actions)
+        self.rewards[slot].copy_(rewards)
+        self.terminated[slot].copy_(terminated)
+        self.truncated[slot].copy_(truncated)
+        self.position = (slot + 1) % self.slots
+        self.filled = min(self.filled + 1, self.slots)
+        self.margin -= 2 * self.stacked_frames
+
+    def words(self, tensor: Tensor) -> Tensor:
+        """``tensor`` (frames of the observation dtype, contiguous) as rows of machine words ``(-1, W)``."""
+        rows = tensor.numel() // math.prod(self.frame_shape)
+        return tensor.reshape(rows, -1).view(torch.uint8).view(self.word)
+
+    def new_frames(self, previous: Tensor, current: Tensor) -> Tensor:
+        """Per sub-env, the frames of ``current`` to write after ``previous`` (both ``(N, k, W)`` words): 0
+        if they are equal, 1 if ``current`` is ``previous`` moved on by one frame, else k."""
+        equal = (current == previous).flatten(1).all(dim=1)
+        if self.stacked_frames == 1:
+            return (~equal).long()
+        shifted = (current[:, :-1] == previous[:, 1:]).flatten(1).all(dim=1)
+        return torch.where(equal, 0, torch.where(shifted, 1, self.stacked_frames))
+
+    def write(self, stacks: Tensor, serials: Tensor, new: Tensor) -> None:
+        """Write the last ``new[i]`` frames of ``stacks[i]`` (``(N, k, W)`` words) to the rows ending at
+        ``serials[i]``; the other frames go to the spare row (one index_copy_, whatever ``new`` is)."""
+        keep = self.frame_index >= self.stacked_frames - new.unsqueeze(1)  # (N, k): the newest new[i]
+        rows = torch.where(keep, self.frame_rows(serials), self.rows)  # (N, k)
+        self.frame_words.index_copy_(0, (self.env_rows + rows).flatten(), stacks.flatten(0, 1))
+
+    def frame_rows(self, serials: Tensor) -> Tensor:
+        """The ring rows ``(..., k)`` of the observations ending at ``serials`` ``(...)``."""
+        return (serials.unsqueeze(-1) + self.frame_offsets) % self.rows
+
+    def observations(self, serials: Tensor, envs: Tensor) -> Tensor:
+        """The observations ``(B, *obs_shape)`` ending at ``serials`` of sub-envs ``envs`` (both ``(B,)``)."""
+        rows = self.env_rows[envs] + self.frame_rows(serials)  # (B, k)
+        words = self.frame_words.index_select(0, rows.flatten())  # (B * k, W)
+        return words.view(torch.uint8).view(self.obs_dtype).view(-1, *self.obs_shape)
+
+    def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
+        """A uniform batch of ``n_step``-step transitions, exactly as :meth:`ReplayBuffer.sample` draws it."""
+        self.drop_overwritten()
+        window = NStepWindow.sample(
+            self, batch_size, gamma, n_step, self.terminated, self.truncated, "CompactReplayBuffer"
+        )
+        return ReplayBatch(
+            self.observations(self.obs_serial[window.start, window.env], window.env),
+            self.actions[window.start, window.env],
+            window.returns(self.rewards),
+            self.observations(self.next_serial[window.last, window.env], window.env),
+            window.discounts,
+        )
+
+    def drop_overwritten(self) -> None:
+        """Drop the oldest transitions whose rows were written over (episodes shorter than the rows allow
+        for). A host synchronisation once the rows written since the last check could have reached the
+        oldest held observation (with Atari's episodes, every few thousand adds), and a binary search of a
+        few more where some were."""
+        if self.filled == 0 or self.margin >= 0:
+            return
+        if self.rows_left(0) < 0:
+            broken, whole = 0, self.filled - 1  # the newest transition is always whole
+            while whole - broken > 1:
+                middle = (broken + whole) // 2
+                broken, whole = (middle, whole) if self.rows_left(middle) < 0 else (broken, middle)
+            self.filled -= whole
+        self.margin = self.rows_left(0)
+
+    def rows_left(self, age: int) -> int:
+        """The rows every sub-env can still write before the ``age``-th oldest slot's observation is
+        written over; negative where it already is, in some sub-env (serials only grow along a sub-env's
+        slots, so the later slots' observations are then still whole)."""
+        slot = (self.position - self.filled + age) % self.slots
+        oldest_row = self.obs_serial[slot] + 1 - self.stacked_frames  # (N,)
+        return int((oldest_row - 1 - (self.head - self.rows)).min())
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).clone() for name in self.FIELDS}
+        state.update(position=self.position, filled=self.filled, stacked_frames=self.stacked_frames)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "stacked_frames" not in state:
+            raise CheckpointError(
+                f"CompactReplayBuffer state has {sorted(state)}, not the frames of a compact replay: the "
+                "checkpoint was written by another kind of replay buffer (resume it with its own version "
+                "of phalanx, or without its buffer: save_buffer = false)."
+            )
+        if state["stacked_frames"] != self.stacked_frames:
+            raise CheckpointError(
+                f"CompactReplayBuffer state has stacked_frames = {state['stacked_frames']}, but this "
+                f"buffer stacks {self.stacked_frames}; resume with the observation space and frame stacking "
+                "the checkpoint was written with."
+            )
+        load_fields(self, state, self.FIELDS, "CompactReplayBuffer")
+        self.position = int(state["position"])
+        self.filled = int(state["filled"])
+        self.margin = -1
+
+
+WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+"""The integer types :class:`CompactReplayBuffer` moves frames as, widest first."""
+
+
+def make_replay_buffer(
+    capacity: int,
+    num_envs: int,
+    observation_space: gym.Space,
+    action_shape: Sequence[int],
+    action_dtype: torch.dtype,
+    device: str | torch.device,
+    stacked_frames: int = 1,
+) -> ReplayBuffer | CompactReplayBuffer:
+    """The replay buffer for observations of ``observation_space``: a :class:`CompactReplayBuffer` for
+    images (each observation stored once; with ``stacked_frames = k > 1``, each of the k frames stacked
+    along their first axis once), else a :class:`ReplayBuffer`; observations in the space's dtype."""
+    obs_dtype = observation_dtype(observation_space)
+    obs_shape = tuple(observation_space.shape)
+    if is_image_space(observation_space):
+        return CompactReplayBuffer(
+            capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
+        )
+    if stacked_frames != 1:
+        raise ConfigError(
+            f"stacked_frames = {stacked_frames} shares the frames of image observations, but the "
+            f"observation space {observation_space} is not an image space. Use stacked_frames = 1."
+        )
+    return ReplayBuffer(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)

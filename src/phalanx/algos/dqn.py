@@ -29,7 +29,7 @@ from phalanx.algos.base import (
 )
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
-from phalanx.nets import activation_class, layer_init, mlp, obs_dim
+from phalanx.nets import activation_class, feature_encoder, layer_init, mlp
 from phalanx.optim import GradientStep, make_adam
 
 
@@ -58,9 +58,19 @@ class DQNConfig(OffPolicyConfig):
     """Double DQN: the online network picks the next action, the target network values it."""
     dueling: bool = False
     """Dueling network: Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)."""
+    replay_stacked_frames: int = 1
+    """Image observations that are stacks of k frames along their first axis (Atari's 4 x 84 x 84): k
+    makes the replay store each frame once rather than 2k times and rebuild the stacks when it samples
+    (exact: every step is compared with what is stored). 1: each observation stored once, whole."""
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
+        check(
+            isinstance(self.replay_stacked_frames, int) and self.replay_stacked_frames >= 1,
+            "replay_stacked_frames",
+            self.replay_stacked_frames,
+            "an integer >= 1 (the frames stacked in an image observation; 1: none)",
+        )
         check(self.target_update_interval >= 1, "target_update_interval", self.target_update_interval, ">= 1")
         for name in ("exploration_initial", "exploration_final"):
             check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a probability in [0, 1]")
@@ -93,12 +103,21 @@ class D3QNConfig(DQNConfig):
 
 
 class QNetwork(nn.Module):
-    """Q-values ``(B, num_actions)``: a plain MLP, or a dueling head on a shared trunk."""
+    """Q-values ``(B, num_actions)`` of observations ``(B, *obs_shape)``: an encoder (a CNN for images, see
+    :func:`phalanx.nets.feature_encoder`; none for flat vectors), then a plain MLP or a dueling head on a
+    shared trunk."""
 
     def __init__(
-        self, in_dim: int, num_actions: int, hidden_sizes: tuple[int, ...], activation: str, dueling: bool
+        self,
+        encoder: nn.Module | None,
+        in_dim: int,
+        num_actions: int,
+        hidden_sizes: tuple[int, ...],
+        activation: str,
+        dueling: bool,
     ):
         super().__init__()
+        self.encoder = encoder if encoder is not None else nn.Identity()
         self.dueling = dueling
         if not dueling:
             self.q = mlp(in_dim, hidden_sizes, num_actions, activation)
@@ -111,11 +130,18 @@ class QNetwork(nn.Module):
         self.advantage = layer_init(nn.Linear(width, num_actions), 1.0)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.encoder(obs)  # (B, feature_dim)
         if not self.dueling:
-            return self.q(obs)
-        features = self.trunk(obs)
+            return self.q(features)
+        features = self.trunk(features)
         advantage = self.advantage(features)  # (B, A)
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def encoder_kind(config: DQNConfig) -> str:
+    """The observation encoder the Q-network reads through (``phalanx.nets.ENCODERS``): "auto", a CNN for
+    image observations and none for flat vectors."""
+    return "auto"
 
 
 class GreedyActing(ActingModule):
@@ -177,8 +203,10 @@ class DQN(OffPolicyAlgorithm):
     def __init__(self, config: DQNConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
         self.num_actions = int(action_space.n)
+        encoder, feature_dim = feature_encoder(observation_space, encoder_kind(config))
         self.q_network = QNetwork(
-            obs_dim(observation_space),
+            encoder,
+            feature_dim,
             self.num_actions,
             config.hidden_sizes,
             config.activation,

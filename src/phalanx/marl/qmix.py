@@ -124,7 +124,9 @@ class AgentQNetworks(nn.Module):
         self.dueling = config.dueling
         if self.shared:
             in_dim = obs_dim + agent_id_dim(num_agents)
-            self.net = QNetwork(in_dim, num_actions, config.hidden_sizes, config.activation, config.dueling)
+            self.net = QNetwork(
+                None, in_dim, num_actions, config.hidden_sizes, config.activation, config.dueling
+            )
         else:  # a dueling head is one more output: the state value
             out_dim = num_actions + int(config.dueling)
             self.net = EnsembleMLP(num_agents, obs_dim, config.hidden_sizes, out_dim, config.activation)

@@ -17,7 +17,14 @@ import gymnasium as gym
 import torch
 
 from phalanx.algos.base import Algorithm
-from phalanx.buffers import ReplayBuffer, RolloutBuffer
+from phalanx.algos.dqn import DQNConfig
+from phalanx.buffers import (
+    CompactReplayBuffer,
+    ReplayBuffer,
+    RolloutBuffer,
+    make_replay_buffer,
+    observation_dtype,
+)
 from phalanx.compiling import compile_seconds, should_compile
 from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
@@ -199,18 +206,37 @@ class Trainer:
         compiled = self.env.compile() + self.worker.compile() + self.algorithm.compile()
         return list(dict.fromkeys(compiled))
 
-    def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
-        """The rollout or replay buffer the hyperparameters ask for."""
+    def make_buffer(self) -> RolloutBuffer | ReplayBuffer | CompactReplayBuffer:
+        """The rollout or replay buffer the hyperparameters ask for, observations in the env's dtype (uint8
+        images stay uint8); the replay of image observations stores each one once
+        (:func:`~phalanx.buffers.make_replay_buffer`)."""
         config, hp = self.config, self.config.hyperparameters
-        buffer_shapes = (
-            self.env.single_observation_space.shape,
-            self.env.single_action_space.shape,
-            torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
-            self.device,
-        )
+        observation_space = self.env.single_observation_space
+        action_space = self.env.single_action_space
+        action_shape = action_space.shape
+        integer_actions = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        action_dtype = torch.int64 if integer_actions else torch.float32
         if self.algorithm.on_policy:
-            return self.algorithm.rollout_buffer(hp.horizon, config.num_envs, *buffer_shapes)
-        return ReplayBuffer(hp.buffer_size, config.num_envs, *buffer_shapes)
+            return self.algorithm.rollout_buffer(
+                hp.horizon,
+                config.num_envs,
+                observation_space.shape,
+                action_shape,
+                action_dtype,
+                self.device,
+                observation_dtype(observation_space),
+            )
+        # the DQN family reads images; its hyperparameters say whether they are stacks of frames
+        stacked_frames = hp.replay_stacked_frames if isinstance(hp, DQNConfig) else 1
+        return make_replay_buffer(
+            hp.buffer_size,
+            config.num_envs,
+            observation_space,
+            action_shape,
+            action_dtype,
+            self.device,
+            stacked_frames,
+        )
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
