@@ -40,7 +40,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -53,7 +55,6 @@ from benchlib import (  # noqa: E402
     add_json_option,
     machine_info,
     markdown_table,
-    median_or_none,
     peer_python,
     run_child,
     run_phalanx,
@@ -222,6 +223,15 @@ def solve_run(
     return result
 
 
+def median_steps(runs: list[dict[str, Any]]) -> float | None:
+    """The median env steps to 475 over ``runs``, a run that never reached it counting as infinitely
+    slow: None when most did not reach it."""
+    median = (
+        statistics.median(run.get("steps_to_threshold") or math.inf for run in runs) if runs else math.inf
+    )
+    return None if math.isinf(median) else median
+
+
 def solve_table(runs: list[dict[str, Any]]) -> str:
     header = ["policy", "seeds reaching 475", "env steps to 475 (per seed)", "median", "best eval (per seed)"]
     rows = []
@@ -231,10 +241,7 @@ def solve_table(runs: list[dict[str, Any]]) -> str:
             continue
         steps = [run.get("steps_to_threshold") for run in mine]
         reached = [value for value in steps if value is not None]
-        # a seed that never reached 475 counts as slower than any that did; the median of the seeds
-        # is "-" when most did not reach it
-        ordered = sorted(reached) + [None] * (len(steps) - len(reached))
-        median = ordered[(len(ordered) - 1) // 2] if len(reached) * 2 > len(steps) else None
+        median = median_steps(mine)
         rows.append(
             [
                 variant,
@@ -487,14 +494,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "eval_every": args.eval_every,
             "threads": args.threads[0],
             "runs": runs,
-            "median_steps_reached": {
-                variant: median_or_none(
-                    [
-                        r["steps_to_threshold"]
-                        for r in runs
-                        if r["variant"] == variant and r.get("steps_to_threshold")
-                    ]
-                )
+            "median_steps_to_threshold": {
+                variant: median_steps([run for run in runs if run["variant"] == variant])
                 for variant in ("LSTM", "feed-forward")
             },
         }
