@@ -23,7 +23,8 @@ between the libraries.
 
 What is measured, per run (a process of its own, one after another):
 - env steps/s (whole process): the env steps over the process's wall time, from its start to its
-  exit (imports, env creation, training; phalanx also evaluates one episode at the end).
+  exit (imports, env creation, training), less phalanx's evaluation of one episode at the end (CleanRL
+  does not evaluate; the evaluation's time is in the JSON as ``final_evaluation_s``).
 - env steps/s (its own clock): CleanRL's last ``SPS:`` print (global steps over the time since the
   envs were built); phalanx's last metrics.csv row (steps over wall_time_s), less ``compile_time_s``
   when compiled.
@@ -59,6 +60,7 @@ sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
     PEER_SOURCES,
     add_json_option,
+    final_evaluation_seconds,
     machine_info,
     markdown_table,
     peer_python,
@@ -285,7 +287,13 @@ def run_phalanx(
         )
         return {**result, "error": f"exit {code}, see {log}"}
     parsed = parse_phalanx(run_dir, total_steps)
-    return {**result, **parsed, "process_steps_per_s": parsed["steps"] / process_s}
+    evaluation_s = final_evaluation_seconds(run_dir)
+    return {
+        **result,
+        **parsed,
+        "final_evaluation_s": evaluation_s,
+        "process_steps_per_s": parsed["steps"] / (process_s - evaluation_s),
+    }
 
 
 # -- each EnvPool on its own: runs in the peer's virtualenv and in phalanx's, with --child env-only --------

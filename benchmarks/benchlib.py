@@ -258,6 +258,20 @@ def run_logged(command: list[str], log: Path, timeout: float) -> tuple[int, floa
     return code, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
+def final_evaluation_seconds(run_dir: Path) -> float:
+    """How long a phalanx run's last evaluation took (0 if it has none): the time from its weights to its
+    result, from the last row of evaluations.csv. A benchmark takes it off the process's wall time when
+    the peer it is compared with does not evaluate."""
+    import csv
+
+    path = run_dir / "evaluations.csv"
+    if not path.is_file():
+        return 0.0
+    with open(path) as handle:
+        rows = list(csv.DictReader(handle))
+    return float(rows[-1]["result_wall_time_s"]) - float(rows[-1]["wall_time_s"]) if rows else 0.0
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 

@@ -26,8 +26,9 @@ Two comparisons:
     Gymnasium CartPole-v1 in a DummyVecEnv (RL Zoo's default) behind this script's own small wrapper
     that zeroes the same entries (RL Zoo's ``MaskVelocityWrapper`` does the same), with VecNormalize;
     phalanx its built-in batched CartPole. Reported: env steps/s of the training (its own clock: SB3's
-    ``learn`` call; phalanx's last metrics.csv row, steps over wall_time_s) and of the whole process,
-    and a deterministic evaluation of 10 episodes after training (not timed on either side).
+    ``learn`` call; phalanx's last metrics.csv row, steps over wall_time_s) and of the whole process
+    (imports, env creation, training), and a deterministic evaluation of 10 episodes after training,
+    whose time is on neither clock (taken off the process's wall time on both sides).
 
 Usage (from the repository root, with phalanx's virtualenv):
     PYTHONPATH=src python benchmarks/recurrent_cartpole.py                    # both comparisons
@@ -53,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
     add_json_option,
+    final_evaluation_seconds,
     machine_info,
     markdown_table,
     peer_python,
@@ -295,12 +297,14 @@ def speed_phalanx(steps: int, seed: int, threads: int, log: Path) -> dict[str, A
         return result
     summary = json.loads(summary_path.read_text())
     last = read_rows(run_dir / "metrics.csv")[-1]
+    evaluation_s = final_evaluation_seconds(run_dir)
     return {
         **result,
         "steps": summary["total_steps"],
         "train_s": float(last["wall_time_s"]),
         "train_steps_per_s": int(last["steps"]) / float(last["wall_time_s"]),
-        "process_steps_per_s": summary["total_steps"] / process_s,
+        "final_evaluation_s": evaluation_s,
+        "process_steps_per_s": summary["total_steps"] / (process_s - evaluation_s),
         "eval_return": summary["eval_return_mean"],
         "run_dir": str(run_dir),
     }
@@ -367,14 +371,17 @@ def child_sb3(steps: int, seed: int, threads: int, critic_lstm: bool) -> dict[st
         norm_reward=False,
     )
     eval_env.obs_rms = env.obs_rms
+    start = time.perf_counter()
     returns, _ = evaluate_policy(
         model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True
     )
+    evaluation_s = time.perf_counter() - start
     return {
         "steps": model.num_timesteps,
         "train_s": train_s,
         "train_steps_per_s": model.num_timesteps / train_s,
         "eval_return": float(np.mean(returns)),
+        "final_evaluation_s": evaluation_s,
         "torch_threads": torch.get_num_threads(),
         "versions": {
             "stable_baselines3": stable_baselines3.__version__,
@@ -393,7 +400,7 @@ def speed_sb3(
     result = run_child(command, log, environment=thread_environment(threads))
     result["command"] = shlex.join(command)
     if "error" not in result:
-        result["process_steps_per_s"] = result["steps"] / result["process_s"]
+        result["process_steps_per_s"] = result["steps"] / (result["process_s"] - result["final_evaluation_s"])
     return result
 
 
