@@ -37,7 +37,7 @@ about 2M env steps to start winning points and ~10M to win games). The point of 
 speed at equal work; the returns are reported so that a broken learner would show, not as a result.
 
 Usage (from the repository root, with phalanx's virtualenv; the envpool extra installed):
-    PYTHONPATH=src python benchmarks/atari_pong.py                       # 100k steps a run, 1 and 2 threads
+    PYTHONPATH=src python benchmarks/atari_pong.py                       # 50k steps a run, 1 and 2 threads
     PYTHONPATH=src python benchmarks/atari_pong.py --steps 8192 --threads 1    # a quick try
     PYTHONPATH=src python benchmarks/atari_pong.py --only phalanx --compile --json out.json
 """
@@ -390,7 +390,7 @@ def speedups(runs: dict[str, dict[str, Any]], threads: list[int]) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--steps", type=int, default=100_000, help="env steps of every run (rounded down to whole updates)"
+        "--steps", type=int, default=50_000, help="env steps of every run (rounded down to whole updates)"
     )
     parser.add_argument(
         "--threads",

@@ -450,13 +450,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--part", choices=["solve", "speed", "both"], default="both")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="(a): seeds of each policy")
     parser.add_argument(
-        "--budget", type=int, default=200_000, help="(a): env steps a run may take to reach 475"
+        "--budget", type=int, default=150_000, help="(a): env steps a run may take to reach 475"
     )
     parser.add_argument("--eval-every", type=int, default=2_048, help="(a): env steps between evaluations")
     parser.add_argument(
         "--steps",
         type=int,
-        default=51_200,
+        default=25_600,
         help="(b): env steps of each run (rounded down to whole rollouts)",
     )
     parser.add_argument(
