@@ -26,14 +26,26 @@ from typing import NamedTuple
 
 import gymnasium as gym
 import torch
+from torch import nn
 
 from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.config import AlgoConfig, TrainConfig, check
-from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
+from phalanx.nets import (
+    CategoricalPolicy,
+    GaussianPolicy,
+    MemberActor,
+    MultiCategoricalPolicy,
+    ValueNet,
+    feature_encoder,
+    head_on_features,
+    multi_discrete_sizes,
+)
 from phalanx.optim import FlatRMSprop, GradientStep, make_adam
 
 Tensor = torch.Tensor
+PolicyHead = CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy
+"""The policy heads of PPO and A2C, one per kind of action space."""
 Hyperparameter = float | Tensor
 """A Python float for one agent, or a float64 tensor of one value per member: ``(P, 1)`` for those that
 act on every sample (``clip_range``, ``clip_value``, broadcasting over the samples), ``(P,)`` for those
@@ -46,7 +58,7 @@ class PolicyHeadActing(ActingModule):
     mean, or (stochastic) the action :meth:`~phalanx.nets.CategoricalPolicy.sample` draws from ``noise``
     (uniform noise for the Gumbel-max trick; standard normal noise scaled by the standard deviation)."""
 
-    def __init__(self, policy: CategoricalPolicy | GaussianPolicy, stochastic: bool = False) -> None:
+    def __init__(self, policy: PolicyHead, stochastic: bool = False) -> None:
         super().__init__(policy.action_noise if stochastic else None)
         self.policy = policy
 
@@ -190,7 +202,7 @@ class ActorCriticLoss(NamedTuple):
 
 
 def actor_critic_loss(
-    policy: CategoricalPolicy | GaussianPolicy,
+    policy: PolicyHead,
     value: ValueNet,
     batch: ActorCriticBatch,
     hyperparameters: ActorCriticHyperparameters,
@@ -287,6 +299,8 @@ class PPO(Algorithm):
     config_class = PPOConfig
     on_policy = True
     config: PPOConfig
+    action_spaces = (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete)
+    observations = ("flat", "image", "dict")
 
     def __init__(
         self,
@@ -297,30 +311,56 @@ class PPO(Algorithm):
         critic_space: gym.Space | None = None,
     ) -> None:
         """``critic_space``: the value function's input when it is not the observation (a centralised
-        critic on the global state, as MAPPO's); the rollout then carries it as ``critic_obs``."""
+        critic on the global state, as MAPPO's); the rollout then carries it as ``critic_obs``.
+
+        Observations other than a 1-D Box go through the encoder of ``config.encoder``
+        (:func:`~phalanx.nets.feature_encoder`), one shared by the policy and the value function with
+        ``config.share_encoder`` (where the value function reads the observations), else one each.
+        Flat observations have no encoder: the networks are exactly the MLPs of before encoders."""
         super().__init__(config, observation_space, action_space, device)
-        in_dim = obs_dim(observation_space)
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.policy: CategoricalPolicy | GaussianPolicy = CategoricalPolicy(
-                in_dim, int(action_space.n), config.hidden_sizes, config.activation
-            )
+        encoder, features = feature_encoder(observation_space, config.encoder)
+        self.policy: PolicyHead = self.policy_head(encoder, features, action_space)
+        if critic_space is None and config.share_encoder:
+            critic_encoder, critic_features = encoder, features
         else:
-            self.policy = GaussianPolicy(
-                in_dim,
-                int(action_space.shape[0]),
-                config.hidden_sizes,
-                config.activation,
-                config.log_std_init,
+            critic_encoder, critic_features = feature_encoder(
+                observation_space if critic_space is None else critic_space, config.encoder
             )
-        critic_dim = in_dim if critic_space is None else obs_dim(critic_space)
-        self.value = ValueNet(critic_dim, config.hidden_sizes, config.activation)
+        self.value = ValueNet(critic_features, config.hidden_sizes, config.activation, critic_encoder)
         self.policy.to(self.device)
         self.value.to(self.device)
-        self.parameters = [*self.policy.parameters(), *self.value.parameters()]
+        # a shared encoder's parameters once (nn.Module.parameters() skips those already given)
+        self.parameters = list(nn.ModuleList([self.policy, self.value]).parameters())
+        self.shared_trunk: tuple[nn.Module, PolicyHead, ValueNet] | None = None
+        """With a shared encoder: ``(encoder, policy, value)``, the heads as views on its features
+        (:func:`~phalanx.nets.head_on_features`), so that collection and the loss run the encoder once
+        for both heads (a tuple: the checkpoint holds the networks as ``policy`` and ``value``)."""
+        if encoder is not None and self.value.encoder is encoder:
+            self.shared_trunk = (encoder, head_on_features(self.policy), head_on_features(self.value))
         self.optimizer = self.make_optimizer()
         self.gradient_step: GradientStep | None = None
         """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
         self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
+
+    def policy_head(self, encoder: nn.Module | None, features: int, action_space: gym.Space) -> PolicyHead:
+        """The policy of ``action_space``'s kind, reading ``features`` from ``encoder`` (None: the flat
+        observations are the features)."""
+        config = self.config
+        if isinstance(action_space, gym.spaces.Discrete):
+            return CategoricalPolicy(
+                features, int(action_space.n), config.hidden_sizes, config.activation, encoder
+            )
+        if isinstance(action_space, gym.spaces.MultiDiscrete):
+            nvec = multi_discrete_sizes(action_space)
+            return MultiCategoricalPolicy(features, nvec, config.hidden_sizes, config.activation, encoder)
+        return GaussianPolicy(
+            features,
+            int(action_space.shape[0]),
+            config.hidden_sizes,
+            config.activation,
+            config.log_std_init,
+            encoder,
+        )
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
@@ -329,6 +369,11 @@ class PPO(Algorithm):
     @torch.no_grad()
     def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch."""
+        if self.shared_trunk is not None:
+            encoder, policy, value = self.shared_trunk
+            features = encoder(obs)
+            actions, log_probs = policy.sample(features)
+            return actions, log_probs, value(features)
         actions, log_probs = self.policy.sample(obs)
         return actions, log_probs, self.value(obs)
 
@@ -445,7 +490,12 @@ class PPO(Algorithm):
             returns,
             minibatch_obs if critic_obs is None else critic_obs[index],
         )
-        result = actor_critic_loss(self.policy, self.value, batch, self.loss_hyperparameters())
+        policy, value = self.policy, self.value
+        if self.shared_trunk is not None:  # the encoder once, both heads on its features
+            encoder, policy, value = self.shared_trunk
+            features = encoder(minibatch_obs)
+            batch = batch._replace(obs=features, critic_obs=features)
+        result = actor_critic_loss(policy, value, batch, self.loss_hyperparameters())
         return result.loss, (result.metrics, result.ratio, result.log_ratio)
 
     # The pieces where A2C differs.

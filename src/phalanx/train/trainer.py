@@ -23,6 +23,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.nets import observation_shape
 from phalanx.registry import get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement
@@ -202,10 +203,12 @@ class Trainer:
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer:
         """The rollout or replay buffer the hyperparameters ask for."""
         config, hp = self.config, self.config.hyperparameters
+        action_space = self.env.single_action_space
+        integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
         buffer_shapes = (
-            self.env.single_observation_space.shape,
-            self.env.single_action_space.shape,
-            torch.int64 if isinstance(self.env.single_action_space, gym.spaces.Discrete) else torch.float32,
+            observation_shape(self.env.single_observation_space),  # a Dict's: its flat vector
+            action_space.shape,
+            torch.int64 if integer_actions else torch.float32,
             self.device,
         )
         if self.algorithm.on_policy:
