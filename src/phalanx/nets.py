@@ -324,7 +324,7 @@ class CategoricalPolicy(nn.Module):
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: uniform noise ``(B, A)``,
         ``noise[b, a]`` for action a of row b (Gumbel noise once transformed)."""
         return torch.rand(
-            (*obs.shape[: obs.dim() - self.observation_rank], self.num_actions),
+            (*obs.shape[: -self.observation_rank], self.num_actions),
             generator=generator,
             device=obs.device,
             dtype=self.logits_net[-1].weight.dtype,
@@ -411,7 +411,7 @@ class GaussianPolicy(nn.Module):
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: standard normal noise
         ``(B, action_dim)``."""
         return torch.randn(
-            (*obs.shape[: obs.dim() - self.observation_rank], self.action_dim),
+            (*obs.shape[: -self.observation_rank], self.action_dim),
             generator=generator,
             device=obs.device,
             dtype=self.log_std.dtype,
@@ -514,7 +514,7 @@ class MultiCategoricalPolicy(nn.Module):
         """The random draw of one :meth:`sample` of ``obs``: uniform noise ``(B, k * n_max)``,
         ``noise[b, i * n_max + a]`` for action a of dim i of row b (Gumbel noise once transformed)."""
         return torch.rand(
-            (*obs.shape[: obs.dim() - self.observation_rank], len(self.nvec) * self.max_actions),
+            (*obs.shape[: -self.observation_rank], len(self.nvec) * self.max_actions),
             generator=generator,
             device=obs.device,
             dtype=self.logits_net[-1].weight.dtype,
