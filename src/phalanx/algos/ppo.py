@@ -367,14 +367,18 @@ class PPO(Algorithm):
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch."""
+    def explore(
+        self, obs: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch;
+        ``noise``: the policy's ``draw_noise(obs)``, drawn by the caller (None: drawn here). A shared
+        encoder runs once for the actions and the values."""
         if self.shared_trunk is not None:
             encoder, policy, value = self.shared_trunk
             features = encoder(obs)
-            actions, log_probs = policy.sample(features)
+            actions, log_probs = policy.sample(features, noise=noise)
             return actions, log_probs, value(features)
-        actions, log_probs = self.policy.sample(obs)
+        actions, log_probs = self.policy.sample(obs, noise=noise)
         return actions, log_probs, self.value(obs)
 
     @torch.no_grad()
@@ -405,13 +409,21 @@ class PPO(Algorithm):
         if self.gradient_step is None:
             self.gradient_step = GradientStep(
                 self.optimizer,  # type: ignore[arg-type]  # make_optimizer builds a flat one
-                [self.policy, self.value],
+                self.loss_modules(),
                 self.minibatch_loss,
                 self.config.max_grad_norm,
             )
             self.gradient_step.compile()
             self.gae = compute_gae_scan
         return ["update"]
+
+    def loss_modules(self) -> list[nn.Module]:
+        """The modules :meth:`minibatch_loss` computes with, each parameter in one of them once: the
+        policy and the value function, or with a shared encoder the encoder and the two heads on its
+        features (a module tree holding the encoder twice, tied, does not compile under torch.func)."""
+        if self.shared_trunk is not None:
+            return list(self.shared_trunk)
+        return [self.policy, self.value]
 
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
         config = self.config
