@@ -302,13 +302,13 @@ def test_shared_encoder_runs_once_and_the_function_step_matches_the_eager_one(ac
     targets, index = torch.randn(4, 16), torch.arange(16)
     calls = []
     algorithm.policy.encoder.register_forward_hook(lambda *_: calls.append(1))
-    loss, _ = algorithm.minibatch_loss(obs, actions, targets, None, index)
+    loss, _ = algorithm.minibatch_loss(targets, index, obs, actions, None)
     assert len(calls) == 1
     algorithm.optimizer.zero_grad()
     loss.backward()
     algorithm.optimizer_step(algorithm.optimizer, 0.5)
     step = GradientStep(twin.optimizer, twin.loss_modules(), twin.minibatch_loss, 0.5)
-    step(obs, actions, targets, None, index)
+    step(targets, index, obs, actions, None)
     for network, twin_network in ((algorithm.policy, twin.policy), (algorithm.value, twin.value)):
         for parameter, twin_parameter in zip(network.parameters(), twin_network.parameters(), strict=True):
             torch.testing.assert_close(parameter, twin_parameter)
