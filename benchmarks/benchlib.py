@@ -20,6 +20,8 @@ from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
+PEER_SOURCES = Path(__file__).resolve().parent / "peers"  # peers' sources, as fetched (peers/README.md)
+PEER_VENVS = Path(__file__).resolve().parent / ".peers"  # peers' virtualenvs, made on first use
 
 
 def cpu_model() -> str:
@@ -256,6 +258,20 @@ def run_logged(command: list[str], log: Path, timeout: float) -> tuple[int, floa
     return code, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
+def final_evaluation_seconds(run_dir: Path) -> float:
+    """How long a phalanx run's last evaluation took (0 if it has none): the time from its weights to its
+    result, from the last row of evaluations.csv. A benchmark takes it off the process's wall time when
+    the peer it is compared with does not evaluate."""
+    import csv
+
+    path = run_dir / "evaluations.csv"
+    if not path.is_file():
+        return 0.0
+    with open(path) as handle:
+        rows = list(csv.DictReader(handle))
+    return float(rows[-1]["result_wall_time_s"]) - float(rows[-1]["wall_time_s"]) if rows else 0.0
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
@@ -344,3 +360,71 @@ def run_phalanx(
         "last_eval_return": summary["eval_return_mean"],
         "command": " ".join(command[3:]),
     }
+
+
+# -- peers run as they are, in virtualenvs of their own ----------------------------------------------------
+def peer_python(peer: str, packages: list[str]) -> Path | None:
+    """The Python of the virtualenv ``benchmarks/.peers/PEER`` with ``packages`` (pinned), created and
+    installed on first use; None (and what to install, printed) when it cannot be set up."""
+    venv = PEER_VENVS / peer
+    python = venv / "bin" / "python"
+    marker = venv / "installed.txt"
+    if python.is_file() and marker.is_file() and marker.read_text().split() == packages:
+        return python
+    print(f"setting up {peer}'s virtualenv in {venv} (once; minutes)...", flush=True)
+    PEER_VENVS.mkdir(parents=True, exist_ok=True)
+    log = PEER_VENVS / f"{peer}-install.log"
+    code, _ = run_logged([sys.executable, "-m", "venv", "--clear", str(venv)], log, timeout=600)
+    if code == 0:
+        code, _ = run_logged([str(python), "-m", "pip", "install", *packages], log, timeout=3600)
+    if code != 0:
+        print(
+            f"{peer} was not run: its virtualenv could not be set up (pip exit {code}; see {log}). To set "
+            f"it up by hand: {sys.executable} -m venv {venv} && {python} -m pip install "
+            + " ".join(f"'{p}'" for p in packages)
+            + f" && echo '{' '.join(packages)}' > {marker}",
+            flush=True,
+        )
+        return None
+    marker.write_text(" ".join(packages) + "\n")
+    return python
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """Environment variables that hold torch (OpenMP) and XLA to ``threads`` threads (0: their default)."""
+    if not threads:
+        return {}
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+        f"intra_op_parallelism_threads={threads}",
+    }
+
+
+def run_process(
+    command: list[str], log: Path, cwd: Path | None = None, environment: dict[str, str] | None = None
+) -> tuple[int, str, float]:
+    """Run ``command`` to its end, its output written to ``log`` as it comes (tail it to follow a long
+    run), with ``environment`` added to this process's variables: (exit code, output, seconds)."""
+    print(f"  running, output in {log}", flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        code = subprocess.run(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(environment or {})},
+        ).returncode
+    return code, log.read_text(), time.perf_counter() - start
+
+
+def run_child(command: list[str], log: Path, environment: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``command`` (a benchmark script with --child); its result is the JSON on its line starting
+    RESULT."""
+    code, output, process_s = run_process(command, log, environment=environment)
+    results = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if code != 0 or not results:
+        return {"error": f"exit {code}, see {log}", "process_s": process_s}
+    return {**json.loads(results[-1][len("RESULT ") :]), "process_s": process_s}

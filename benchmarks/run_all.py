@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                 # 5 seeds (about 8-13 minutes on 2 CPU cores)
     python benchmarks/run_all.py --seeds 2       # quicker
     python benchmarks/run_all.py --device cuda --num-envs 1048576
+    python benchmarks/run_all.py --atari-pong --recurrent-cartpole   # and the issue-25 comparisons (+~40 min)
 
 Each benchmark writes its JSON under benchmarks/results/ and the tables are printed at the end.
 The numbers depend on the machine and on what else runs on it: run on an otherwise idle machine
@@ -17,8 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import atari_pong  # noqa: E402
 import env_throughput  # noqa: E402
 import process_workers  # noqa: E402
+import recurrent_cartpole  # noqa: E402
 import time_to_solve  # noqa: E402
 from benchlib import load_average  # noqa: E402
 
@@ -42,6 +45,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-process-workers", action="store_true")
     parser.add_argument("--skip-time-to-solve", action="store_true")
+    parser.add_argument(
+        "--atari-pong",
+        action="store_true",
+        help="also PPO on Pong against CleanRL (atari_pong.py; the envpool extra, its peer's virtualenv)",
+    )
+    parser.add_argument(
+        "--recurrent-cartpole",
+        action="store_true",
+        help="also recurrent PPO on CartPoleNoVel-v1, and against sb3-contrib (recurrent_cartpole.py)",
+    )
     args = parser.parse_args(argv)
 
     print(f"load average (1, 5, 15 min) before: {load_average()}\n", flush=True)
@@ -62,6 +75,21 @@ def main(argv: list[str] | None = None) -> None:
             ["--seeds", str(args.seeds), "--envs", args.envs, "--torch-threads", str(args.torch_threads)]
         )
         outputs.append("## Time to solve\n\n" + time_to_solve.tables(result))
+    if args.atari_pong:
+        print("\n## Atari PPO on Pong against CleanRL\n", flush=True)
+        result = atari_pong.main(["--json"])
+        outputs.append(
+            "## Atari PPO on Pong against CleanRL\n\n" + atari_pong.table(result["runs"], result["env_only"])
+        )
+    if args.recurrent_cartpole:
+        print("\n## Recurrent PPO on CartPoleNoVel-v1\n", flush=True)
+        result = recurrent_cartpole.main(["--json"])
+        outputs.append(
+            "## Recurrent PPO on CartPoleNoVel-v1\n\n"
+            + recurrent_cartpole.solve_table(result["solve"]["runs"])
+            + "\n\n"
+            + recurrent_cartpole.speed_table(result["speed"]["runs"])
+        )
     print("\n\n# Summary\n")
     print("\n\n".join(outputs))
     print(f"\nload average (1, 5, 15 min) after: {load_average()}")

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,10 +42,17 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchlib import add_json_option, machine_info, markdown_table, run_logged, write_json  # noqa: E402
-
-PEER_SOURCES = HERE / "peers"
-PEER_VENVS = HERE / ".peers"
+from benchlib import (  # noqa: E402
+    PEER_SOURCES,
+    add_json_option,
+    machine_info,
+    markdown_table,
+    peer_python,
+    run_child,
+    run_process,
+    thread_environment,
+    write_json,
+)
 
 # The peers' virtualenvs: pinned versions that work together on Python 3.11 (PyPI; torch's CPU wheel
 # from PyPI or a local wheel directory). PureJaxRL's wrappers.py imports brax and navix at its top, so
@@ -90,72 +96,6 @@ VALUE_COEF = 0.5
 def final_window(updates: int) -> int:
     """How many of the last updates the final return is taken over: 10%, at least one."""
     return max(1, updates // 10)
-
-
-# -- the peers' virtualenvs ---------------------------------------------------------------------------
-def peer_python(peer: str) -> Path | None:
-    """The Python of ``peer``'s virtualenv, created and installed on first use; None (and what to
-    install, printed) when it cannot be set up."""
-    venv = PEER_VENVS / peer
-    python = venv / "bin" / "python"
-    marker = venv / "installed.txt"
-    packages = PEER_PACKAGES[peer]
-    if python.is_file() and marker.is_file() and marker.read_text().split() == packages:
-        return python
-    print(f"setting up {peer}'s virtualenv in {venv} (once; minutes)...", flush=True)
-    PEER_VENVS.mkdir(parents=True, exist_ok=True)
-    log = PEER_VENVS / f"{peer}-install.log"
-    code, _ = run_logged([sys.executable, "-m", "venv", "--clear", str(venv)], log, timeout=600)
-    if code == 0:
-        code, _ = run_logged([str(python), "-m", "pip", "install", *packages], log, timeout=3600)
-    if code != 0:
-        print(
-            f"{peer} was not run: its virtualenv could not be set up (pip exit {code}; see {log}). To set "
-            f"it up by hand: {sys.executable} -m venv {venv} && {python} -m pip install "
-            + " ".join(f"'{p}'" for p in packages)
-            + f" && echo '{' '.join(packages)}' > {marker}",
-            flush=True,
-        )
-        return None
-    marker.write_text(" ".join(packages) + "\n")
-    return python
-
-
-def thread_environment(threads: int) -> dict[str, str]:
-    """Environment variables that hold torch (OpenMP) and XLA to ``threads`` threads (0: their default)."""
-    if not threads:
-        return {}
-    return {
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
-        f"intra_op_parallelism_threads={threads}",
-    }
-
-
-def run_process(command: list[str], log: Path, cwd: Path | None = None) -> tuple[int, str, float]:
-    """Run ``command`` to its end, its output written to ``log`` as it comes (tail it to follow a long
-    run): (exit code, output, seconds)."""
-    print(f"  running, output in {log}", flush=True)
-    start = time.perf_counter()
-    with open(log, "w") as handle:
-        code = subprocess.run(
-            command,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        ).returncode
-    return code, log.read_text(), time.perf_counter() - start
-
-
-def run_child(command: list[str], log: Path) -> dict[str, Any]:
-    """Run ``command`` (this script with --child); its result is the JSON on its line starting RESULT."""
-    code, output, process_s = run_process(command, log)
-    results = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    if code != 0 or not results:
-        return {"error": f"exit {code}, see {log}", "process_s": process_s}
-    return {**json.loads(results[-1][len("RESULT ") :]), "process_s": process_s}
 
 
 # -- PureJaxRL: runs in its virtualenv, in a process started with --child purejaxrl ---------------------
@@ -390,7 +330,9 @@ def main() -> None:
 
     os.environ.update(thread_environment(args.threads))  # every process started from here inherits it
     libraries = args.only or ["purejaxrl", "cleanrl", "phalanx"]
-    pythons = {peer: peer_python(peer) for peer in ("purejaxrl", "cleanrl") if peer in libraries}
+    pythons = {
+        peer: peer_python(peer, PEER_PACKAGES[peer]) for peer in ("purejaxrl", "cleanrl") if peer in libraries
+    }
     logs = Path(tempfile.mkdtemp(prefix="vs_purejaxrl-logs-"))
     machine = machine_info()
     print(
