@@ -18,7 +18,7 @@ from phalanx.errors import ConfigError, ContractError
 
 
 class TwoKnobsEnv(BatchedVecEnv):
-    """An env with a MultiDiscrete action space, which neither PPO nor A2C supports."""
+    """An env with a MultiDiscrete action space, which the DQN family does not support."""
 
     def __init__(self, num_envs=1, device="cpu"):
         super().__init__(
@@ -69,9 +69,9 @@ def registered():
 def test_algorithm_and_action_space_mismatch_is_refused_before_the_run_dir(tmp_path, registered):
     registered("TwoKnobs-v0", TwoKnobsEnv)
     config = phalanx.make_config(
-        "ppo", "TwoKnobs-v0", run_dir=str(tmp_path / "run"), num_envs=4, horizon=8, minibatch_size=32
+        "dqn", "TwoKnobs-v0", run_dir=str(tmp_path / "run"), num_envs=4, learning_starts=64, batch_size=32
     )
-    with pytest.raises(ConfigError, match=r"ppo needs a Discrete or Box action space.*MultiDiscrete"):
+    with pytest.raises(ConfigError, match=r"dqn needs a Discrete action space.*MultiDiscrete"):
         phalanx.train(config, show_progress=False)
     assert not (tmp_path / "run").exists()
 

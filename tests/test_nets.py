@@ -310,13 +310,17 @@ def test_make_policy_picks_the_head_from_the_spaces() -> None:
 
 def test_make_policy_rejects_unsupported_spaces() -> None:
     box = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    dict_space = gym.spaces.Dict({"position": box})
-    with pytest.raises(ValueError, match="Dict") as error:
-        make_policy(dict_space, gym.spaces.Discrete(2), (8,), "tanh")
+    tuple_space = gym.spaces.Tuple((box,))
+    with pytest.raises(ValueError, match="Tuple") as error:
+        make_policy(tuple_space, gym.spaces.Discrete(2), (8,), "tanh")
     assert "1-D Box" in str(error.value)
-    with pytest.raises(ValueError, match="MultiDiscrete") as error:
-        make_policy(box, gym.spaces.MultiDiscrete([2, 3]), (8,), "tanh")
-    assert "Discrete" in str(error.value) and "Box" in str(error.value)
+    with pytest.raises(ValueError, match="MultiBinary") as error:
+        make_policy(box, gym.spaces.MultiBinary(3), (8,), "tanh")
+    assert "MultiDiscrete" in str(error.value) and "Box" in str(error.value)
+    with pytest.raises(ValueError, match=r"start at 0 \(start=\[1, 0\]\)"):
+        make_policy(box, gym.spaces.MultiDiscrete([2, 3], start=[1, 0]), (8,), "tanh")
+    with pytest.raises(ValueError, match=r"nvec has shape \(2, 2\)"):
+        make_policy(box, gym.spaces.MultiDiscrete([[2, 3], [2, 2]]), (8,), "tanh")
     with pytest.raises(ValueError, match="1-D Box"):
         make_policy(gym.spaces.Box(0.0, 1.0, (8, 8), np.float32), gym.spaces.Discrete(2), (8,), "tanh")
     with pytest.raises(ValueError, match="start"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.algos.dqn import DQN, QNetwork
+from phalanx.algos.dqn import QNetwork
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
@@ -288,9 +288,6 @@ class SpotSide(BatchedVecEnv):
 def trained(tmp_path_factory):
     """A D3QN trained on SpotSide through the Trainer: the compact replay with stacks of 2 frames."""
     phalanx.register_env("SpotSide-v0", SpotSide)
-    monkeypatch = pytest.MonkeyPatch()
-    # until check_spaces lets the DQN family read images (the spaces part of issue 25)
-    monkeypatch.setattr(DQN, "check_spaces", classmethod(lambda cls, observations, actions: None))
     config = make_config(
         "d3qn",
         "SpotSide-v0",
@@ -319,7 +316,6 @@ def trained(tmp_path_factory):
         yield trainer, result, config
     finally:
         trainer.close()
-        monkeypatch.undo()
         unregister_env("SpotSide-v0")
 
 

@@ -2,14 +2,17 @@
 
 ``load_agent(run_dir).act(obs)`` takes raw environment observations (numpy or torch, one or a batch)
 and returns actions in the environment's own action space: observation normalisation and action
-rescaling are applied exactly as during training, from the checkpoint alone (no env needed). A
-recurrent agent (``agent.recurrent``) acts with its memory passed in and out:
+rescaling are applied exactly as during training, from the checkpoint alone (no env needed). Images of a
+uint8 space stay uint8 (the network scales them); a Dict observation is a dict of parts (one, or a batch
+of each part), flattened as ``gymnasium.spaces.flatten`` does, or already that flat vector. A recurrent
+agent (``agent.recurrent``) acts with its memory passed in and out:
 ``actions, memory = agent.act(obs, memory=memory, episode_start=starts)`` (docs/recurrent.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from phalanx.algos.recurrent import is_recurrent
 from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError
+from phalanx.nets import observation_shape
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import EVAL_SEED_OFFSET, EnvSpacePolicy, build_env, spaces_from_spec
 from phalanx.train.evaluator import Evaluation, Evaluator
@@ -38,6 +42,11 @@ class Agent:
         self.config = config
         self.device = torch.device(device)
         self.observation_space, self.action_space = spaces_from_spec(state["spaces"])
+        self.observation_shape = observation_shape(self.observation_space)  # a Dict's: its flat vector
+        uint8 = (
+            isinstance(self.observation_space, gym.spaces.Box) and self.observation_space.dtype == np.uint8
+        )
+        self.observation_dtype = torch.uint8 if uint8 else torch.float32
         spaces = (self.observation_space, self._normalized_action_space())
         self.algorithm = restore_algorithm(config, spaces, state, self.device)
         self.obs_statistics: RunningMeanStd | None = None
@@ -80,21 +89,25 @@ class Agent:
 
     @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = True, memory: Any = None, episode_start: Any = None) -> Any:
-        """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single.
+        """Actions for raw observations; numpy in, numpy out; torch in, torch out; batch or single. A Dict
+        space's observations: dicts (numpy out), or their flat vectors.
 
         A recurrent agent returns ``(actions, memory)``: pass ``memory`` back at the next step (None: a
         zero memory, every row starting an episode), ``(B, M, H)`` for a batch, ``(M, H)`` for a single
         observation; ``episode_start`` (bool, ``(B,)`` or a scalar) marks the rows whose observation is the
         first of a new episode, whose memory is zeroed before acting."""
+        if isinstance(obs, Mapping):
+            obs = flatten_dict_observation(self.observation_space, obs)
         is_numpy = not isinstance(obs, torch.Tensor)
-        obs_tensor = self._tensor(obs, torch.float32)
-        single = obs_tensor.dim() == len(self.observation_space.shape)
+        obs_tensor = self._tensor(obs, self.observation_dtype)
+        single = obs_tensor.dim() == len(self.observation_shape)
         if single:
             obs_tensor = obs_tensor.unsqueeze(0)
-        if obs_tensor.shape[1:] != self.observation_space.shape:
+        if tuple(obs_tensor.shape[1:]) != self.observation_shape:
             raise ValueError(
                 f"Agent.act: observations have shape {tuple(obs_tensor.shape[1:])} per sub-env, expected "
-                f"{self.observation_space.shape} (the training env {self.config.env!r})."
+                f"{self.observation_shape} (the training env {self.config.env!r}, observation space "
+                f"{self.observation_space})."
             )
         if not self.recurrent:
             if memory is not None or episode_start is not None:
@@ -132,6 +145,27 @@ class Agent:
         """``value`` (numpy, torch or a Python value) as a tensor on the agent's device."""
         array = value if isinstance(value, torch.Tensor) else np.asarray(value)
         return torch.as_tensor(array, dtype=dtype, device=self.device)
+
+
+def flatten_dict_observation(space: gym.Space, obs: Mapping[str, Any]) -> np.ndarray:
+    """A Dict observation (one, or a batch of each part) as the float32 flat vector(s) the network reads:
+    ``gymnasium.spaces.flatten`` (parts by sorted key, Discrete parts one-hot), ``(flatdim,)`` or
+    ``(B, flatdim)``."""
+    if not isinstance(space, gym.spaces.Dict):
+        raise ValueError(f"Agent.act: a dict observation, but the observation space is {space}.")
+    missing = sorted(set(space.spaces) - set(obs))
+    if missing:
+        raise ValueError(
+            f"Agent.act: the dict observation has no part {', '.join(map(repr, missing))}; the observation "
+            f"space is {space}."
+        )
+    parts = {key: np.asarray(obs[key]) for key in space.spaces}
+    key, part = next(iter(space.spaces.items()))
+    shape = () if isinstance(part, gym.spaces.Discrete) else part.shape
+    if parts[key].ndim == len(shape):  # one observation
+        return np.asarray(gym.spaces.flatten(space, parts), dtype=np.float32)
+    rows = [{name: value[row] for name, value in parts.items()} for row in range(len(parts[key]))]
+    return np.stack([gym.spaces.flatten(space, row) for row in rows]).astype(np.float32)
 
 
 def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:

@@ -31,6 +31,7 @@ from phalanx.files import write_text_atomic
 from phalanx.registry import (
     RECURRENT_SETTINGS,
     algorithm_names,
+    algorithms_reading,
     canonical_name,
     config_class,
     get_algorithm,
@@ -43,6 +44,9 @@ WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 """Characters W&B refuses in a project name."""
 VIDEO_FORMATS = ("mp4", "gif")
 """The formats a video is written in: ``mp4`` (H.264, the default) or ``gif``."""
+ENCODERS = ("auto", "mlp", "nature", "impala")
+"""``encoder`` values (``phalanx.nets.feature_encoder``): auto (a CNN for image spaces, none for vectors),
+mlp (no encoder: flat vectors only), nature (the Nature-DQN CNN), impala (the IMPALA ResNet)."""
 
 
 @dataclass
@@ -57,6 +61,13 @@ class AlgoConfig:
     """Hidden layer widths of the policy and value networks."""
     activation: str = "tanh"
     """Hidden activation: tanh, relu, elu, silu or gelu."""
+    encoder: str = "auto"
+    """Observation encoder in front of the networks: auto (a CNN for image observations: nature for
+    images of 36x36 pixels or more, impala below; none for vectors), mlp (none: flat vectors only),
+    nature (the Nature-DQN CNN) or impala (the IMPALA ResNet). Dict observations: per image part."""
+    share_encoder: bool = True
+    """Actor-critic algorithms with an encoder: one encoder for the policy and the value function
+    (trained by both losses, as CleanRL's Atari PPO); false: each network its own."""
 
     def validate(self, run: TrainConfig) -> None:
         """Raise ConfigError for impossible values; ``run`` gives the context (num_envs, ...)."""
@@ -70,6 +81,17 @@ class AlgoConfig:
         )
         activations = ("tanh", "relu", "elu", "silu", "gelu")
         check(self.activation in activations, "activation", self.activation, f"one of {activations}")
+        check(self.encoder in ENCODERS, "encoder", self.encoder, f"one of {ENCODERS}")
+        check(isinstance(self.share_encoder, bool), "share_encoder", self.share_encoder, "true or false")
+        if self.encoder in ("nature", "impala"):
+            algorithm = get_algorithm(run.algo)
+            check(
+                "image" in algorithm.observations,
+                "encoder",
+                self.encoder,
+                f"'auto' or 'mlp': {run.algo} reads flat vectors only, so it has no CNN encoder (algorithms "
+                f"that read images: {', '.join(algorithms_reading('image'))})",
+            )
 
 
 @dataclass

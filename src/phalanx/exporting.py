@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -59,10 +60,13 @@ _NOISE_TEXT = {"uniform": "uniform in [0, 1)", "normal": "standard normal"}
 class ExportedPolicy(nn.Module):
     """Raw observations in, actions in the env's action space out: what the file holds.
 
-    ``forward(obs, *extra)``: ``obs`` ``(B, *observation_shape)`` float32, then the acting module's other
-    inputs (``action_mask``, ``noise``) in the order of :attr:`inputs`. The observation statistics are
-    applied as ``Agent.act`` applies them: ``(obs - mean) * rsqrt(var + eps)`` with both factors computed in
-    the statistics' float64 and cast to float32, then clipped to ``[-OBS_CLIP, OBS_CLIP]``.
+    ``forward(obs, *extra)``: ``obs`` ``(B, *observation_shape)`` float32 (uint8 for the images of a
+    uint8 space, which the network scales; for a Dict space the flat vector of
+    ``gymnasium.spaces.flatten``: the parts by sorted key, each flattened, Discrete parts one-hot), then
+    the acting module's other inputs (``action_mask``, ``noise``) in the order of :attr:`inputs`. The
+    observation statistics are applied as ``Agent.act`` applies them: ``(obs - mean) * rsqrt(var + eps)``
+    with both factors computed in the statistics' float64 and cast to float32, then clipped to
+    ``[-OBS_CLIP, OBS_CLIP]``.
     """
 
     def __init__(
@@ -71,7 +75,12 @@ class ExportedPolicy(nn.Module):
         observation_shape: tuple[int, ...],
         action_space: gym.Space,
         obs_statistics: RunningMeanStd | None = None,
+        observation_space: gym.Space | None = None,
+        agents_shape: tuple[int, ...] | None = None,
     ) -> None:
+        """``observation_space``: the env's, which names the input's dtype (uint8 images) and layout (a
+        Dict's parts); ``agents_shape``: ``(A_g,)`` for an agent group's policy, ``()`` for a single
+        agent's; None: every dim of ``observation_shape`` but the last (flat observations)."""
         super().__init__()
         self.acting = copy.deepcopy(acting)  # its own networks, whose gradients can be turned off
         self.inputs = acting.inputs
@@ -81,6 +90,10 @@ class ExportedPolicy(nn.Module):
         )
         """A recurrent policy's memory of one row ``(M, H)``: an input and an output; None: no memory."""
         self.observation_shape = tuple(observation_shape)
+        self.observation_space = observation_space
+        uint8 = isinstance(observation_space, gym.spaces.Box) and observation_space.dtype == np.uint8
+        self.observation_dtype = torch.uint8 if uint8 else torch.float32
+        self.agents_shape = self.observation_shape[:-1] if agents_shape is None else tuple(agents_shape)
         self.action_space = action_space
         self.normalize = obs_statistics is not None
         if obs_statistics is not None:
@@ -114,14 +127,9 @@ class ExportedPolicy(nn.Module):
         """The names of the outputs: the action, and a recurrent policy's memory after the step."""
         return ("action",) if self.memory_shape is None else ("action", "memory_out")
 
-    @property
-    def agents_shape(self) -> tuple[int, ...]:
-        """``(A_g,)`` for an agent group's policy, ``()`` for a single agent's."""
-        return self.observation_shape[:-1]
-
     def example_inputs(self, batch: int = _EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
         """Inputs of ``batch`` rows, one per name of :attr:`inputs` (every action allowed; noise 0.5)."""
-        examples = {"obs": torch.zeros((batch, *self.observation_shape))}
+        examples = {"obs": torch.zeros((batch, *self.observation_shape), dtype=self.observation_dtype)}
         if self.memory_shape is not None:
             examples["memory"] = torch.zeros((batch, *self.memory_shape))
         if "action_mask" in self.inputs:
@@ -134,7 +142,14 @@ class ExportedPolicy(nn.Module):
     def describe_inputs(self) -> str:
         """The inputs, their dtypes and shapes, for the file's metadata."""
         lead = ("batch", *self.agents_shape)
-        text = {"obs": f"obs float32 {_shape(*lead, *self.observation_shape[-1:])}"}
+        dtype = str(self.observation_dtype).removeprefix("torch.")
+        text = {"obs": f"obs {dtype} {_shape('batch', *self.observation_shape)}"}
+        if isinstance(self.observation_space, gym.spaces.Dict):
+            text["obs"] += (
+                f", the Dict observation flattened by gymnasium.spaces.flatten (parts "
+                f"{', '.join(self.observation_space.spaces)} in this order, each flattened, Discrete parts "
+                "one-hot)"
+            )
         if self.memory_shape is not None:
             text["memory"] = (
                 f"memory float32 {_shape(*lead, *self.memory_shape)}, zeros at an episode's start, else the "
@@ -152,6 +167,8 @@ class ExportedPolicy(nn.Module):
         lead = ("batch", *self.agents_shape)
         if isinstance(self.action_space, gym.spaces.Discrete):
             text = f"action int64 {_shape(*lead)}, in {self.action_space}"
+        elif isinstance(self.action_space, gym.spaces.MultiDiscrete):
+            text = f"action int64 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
         else:
             text = f"action float32 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
         if self.memory_shape is not None:
@@ -177,9 +194,15 @@ def exported_policies(agent: Any, stochastic: bool = False) -> dict[str | None, 
             for name, group in agent.spec.groups.items()
         }
     acting = algorithm.acting_module(stochastic)
-    return {
-        None: ExportedPolicy(acting, agent.observation_space.shape, agent.action_space, agent.obs_statistics)
-    }
+    policy = ExportedPolicy(
+        acting,
+        agent.observation_shape,
+        agent.action_space,
+        agent.obs_statistics,
+        agent.observation_space,
+        agents_shape=(),
+    )
+    return {None: policy}
 
 
 def export(
@@ -195,8 +218,9 @@ def export(
     (default ``RUN_DIR/export/policy.onnx``, or ``policy.pt`` for TorchScript; ``policy_stochastic.*``
     with ``stochastic``). A multi-agent run writes one file per agent group, the group's name added to
     the file name (``policy_<group>.onnx``), and returns ``{group: path}``. The file takes a batch of raw
-    observations (float32) and gives the actions ``load_agent(run_dir).act(obs)`` gives; ``stochastic``
-    gives the sampled action for a random draw passed as the last input, ``noise``. The run's metadata
+    observations (float32; uint8 for the images of a uint8 space; a Dict space's flat vectors) and gives
+    the actions ``load_agent(run_dir).act(obs)`` gives; ``stochastic`` gives the sampled action for a
+    random draw passed as the last input, ``noise``. The run's metadata
     (env, algorithm, steps, inputs, ...) is in the file: ONNX ``metadata_props``, TorchScript extra file
     ``phalanx.json``.
     """

@@ -7,6 +7,7 @@ which matters when a whole rollout step is a handful of small kernels.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from phalanx.config import ENCODERS
 from phalanx.errors import ConfigError
 
 Tensor = torch.Tensor
@@ -75,6 +77,47 @@ def mlp(
         layers += [layer_init(nn.Linear(size_in, size_out), HIDDEN_GAIN), activation_type()]
     layers.append(layer_init(nn.Linear(sizes[-1], out_dim), output_gain))
     return MLP(*layers)
+
+
+def head_mlp(
+    in_dim: int,
+    hidden_sizes: Sequence[int],
+    out_dim: int,
+    activation: str,
+    output_gain: float,
+    encoder: nn.Module | None,
+) -> MLP:
+    """The network of a policy head or value net: :func:`mlp` from ``in_dim`` features, with ``encoder``
+    (if given, from :func:`feature_encoder`) as its first layer, so that observations go through the
+    encoder and then the MLP in one ``MLP.forward``, without a branch on the flat path."""
+    network = mlp(in_dim, hidden_sizes, out_dim, activation, output_gain)
+    return network if encoder is None else MLP(encoder, *network)
+
+
+def encoder_observation_rank(encoder: nn.Module | None) -> int:
+    """The rank of one observation a head with ``encoder`` reads: an image encoder's image rank (2 or 3);
+    1 otherwise (flat vectors, and Dict observations, which arrive flattened)."""
+    return len(encoder.image_shape) if isinstance(encoder, ImageEncoder) else 1
+
+
+def head_encoder(network: nn.Sequential) -> nn.Module | None:
+    """The encoder in front of a head's MLP (:func:`head_mlp`), or None for a flat head."""
+    first = network[0]
+    return None if isinstance(first, nn.Linear) else first
+
+
+def head_on_features(head: nn.Module) -> nn.Module:
+    """A view of a policy head or value net built with an encoder that reads the encoder's features
+    instead of observations: the same MLP layers (the same parameters, trained through either), without
+    the encoder in front. With an encoder shared by the policy and the value function, the trunk then
+    runs once per batch for both (``encoder(obs)``, then each view on the features)."""
+    view = copy.copy(head)
+    view._modules = dict(head._modules)  # the view's own table of submodules, the modules themselves shared
+    for name, network in head.named_children():
+        if isinstance(network, MLP) and head_encoder(network) is not None:
+            view._modules[name] = network[1:]
+    view.observation_rank = 1
+    return view
 
 
 # -- ensembles ---------------------------------------------------------------------------------------
@@ -238,7 +281,15 @@ def _log_softmax_actions_first(logits: Tensor) -> Tensor:
 
 
 class CategoricalPolicy(nn.Module):
-    """Discrete actions: an MLP gives logits ``(B, num_actions)``; actions are int64 ``(B,)``."""
+    """Discrete actions: an MLP gives logits ``(B, num_actions)``; actions are int64 ``(B,)``.
+
+    ``encoder`` (from :func:`feature_encoder`): a network in front of the MLP, which then reads its
+    ``obs_dim`` features; observations are ``(B, *obs_shape)`` of the encoder's space. None: the
+    observations ``(B, obs_dim)`` are the features. (So for every head below.)
+    """
+
+    observation_rank = 1
+    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
 
     def __init__(
         self,
@@ -246,10 +297,19 @@ class CategoricalPolicy(nn.Module):
         num_actions: int,
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.num_actions = num_actions
-        self.logits_net = mlp(obs_dim, hidden_sizes, num_actions, activation, POLICY_OUTPUT_GAIN)
+        self.observation_rank = encoder_observation_rank(encoder)
+        self.logits_net = head_mlp(
+            obs_dim, hidden_sizes, num_actions, activation, POLICY_OUTPUT_GAIN, encoder
+        )
+
+    @property
+    def encoder(self) -> nn.Module | None:
+        """The encoder in front of the MLP, or None."""
+        return head_encoder(self.logits_net)
 
     def forward(self, obs: Tensor) -> Tensor:
         """Logits ``(B, num_actions)`` of observations ``(B, obs_dim)``."""
@@ -264,7 +324,7 @@ class CategoricalPolicy(nn.Module):
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: uniform noise ``(B, A)``,
         ``noise[b, a]`` for action a of row b (Gumbel noise once transformed)."""
         return torch.rand(
-            (*obs.shape[:-1], self.num_actions),
+            (*obs.shape[: -self.observation_rank], self.num_actions),
             generator=generator,
             device=obs.device,
             dtype=self.logits_net[-1].weight.dtype,
@@ -314,6 +374,9 @@ class GaussianPolicy(nn.Module):
     The mean is unbounded; actions are clipped to the action space later, by an env wrapper.
     """
 
+    observation_rank = 1
+    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
+
     def __init__(
         self,
         obs_dim: int,
@@ -321,11 +384,18 @@ class GaussianPolicy(nn.Module):
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
         log_std_init: float = 0.0,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.action_dim = action_dim
-        self.mean_net = mlp(obs_dim, hidden_sizes, action_dim, activation, POLICY_OUTPUT_GAIN)
+        self.observation_rank = encoder_observation_rank(encoder)
+        self.mean_net = head_mlp(obs_dim, hidden_sizes, action_dim, activation, POLICY_OUTPUT_GAIN, encoder)
         self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+
+    @property
+    def encoder(self) -> nn.Module | None:
+        """The encoder in front of the MLP, or None."""
+        return head_encoder(self.mean_net)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """``(mean, log_std)``, both ``(B, action_dim)`` (``log_std`` an expanded view)."""
@@ -341,7 +411,7 @@ class GaussianPolicy(nn.Module):
         """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: standard normal noise
         ``(B, action_dim)``."""
         return torch.randn(
-            (*obs.shape[:-1], self.action_dim),
+            (*obs.shape[: -self.observation_rank], self.action_dim),
             generator=generator,
             device=obs.device,
             dtype=self.log_std.dtype,
@@ -383,14 +453,124 @@ class GaussianPolicy(nn.Module):
         return self.mean_net(obs)
 
 
-class ValueNet(nn.Module):
-    """State value: an MLP from observations ``(B, obs_dim)`` to values ``(B,)``."""
+class MultiCategoricalPolicy(nn.Module):
+    """MultiDiscrete actions: k independent categorical dims, dim i with ``nvec[i]`` actions; an MLP
+    gives the logits of all dims at once (``sum(nvec)`` outputs); actions are int64 ``(B, k)``.
+
+    The log-probability of an action is the sum over the dims, and so is the entropy. Internally the
+    logits are laid out ``(B, k, n_max)`` with the ``n_max - nvec[i]`` missing actions of dim i at
+    -inf (probability 0), so that every dim is sampled (Gumbel-max, as :class:`CategoricalPolicy`) and
+    scored in one op; the random draw is uniform noise ``(B, k * n_max)``.
+    """
+
+    observation_rank = 1
+    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
 
     def __init__(
-        self, obs_dim: int, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh"
+        self,
+        obs_dim: int,
+        nvec: Sequence[int],
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.value_net = mlp(obs_dim, hidden_sizes, 1, activation, VALUE_OUTPUT_GAIN)
+        self.nvec = tuple(int(n) for n in nvec)
+        if not self.nvec or min(self.nvec) < 1:
+            raise ConfigError(f"MultiCategoricalPolicy needs nvec of positive sizes, got {self.nvec}.")
+        self.max_actions = max(self.nvec)
+        self.observation_rank = encoder_observation_rank(encoder)
+        self.logits_net = head_mlp(
+            obs_dim, hidden_sizes, sum(self.nvec), activation, POLICY_OUTPUT_GAIN, encoder
+        )
+        # (k * n_max,) index into the logits (padding reads logit 0, then masked) and the padding mask
+        index = torch.zeros(len(self.nvec), self.max_actions, dtype=torch.int64)
+        padding = torch.ones(len(self.nvec), self.max_actions, dtype=torch.bool)
+        start = 0
+        for dim, size in enumerate(self.nvec):
+            index[dim, :size] = torch.arange(start, start + size)
+            padding[dim, :size] = False
+            start += size
+        self.register_buffer("logit_index", index.flatten(), persistent=False)
+        self.register_buffer("padding", padding, persistent=False)
+
+    @property
+    def encoder(self) -> nn.Module | None:
+        """The encoder in front of the MLP, or None."""
+        return head_encoder(self.logits_net)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Log-probabilities ``(B, k, n_max)`` of every dim's actions (-inf past ``nvec[i]``)."""
+        logits = self.logits_net(obs).index_select(-1, self.logit_index)  # (B, k * n_max)
+        logits = logits.unflatten(-1, (len(self.nvec), self.max_actions)).masked_fill(self.padding, -math.inf)
+        return torch.log_softmax(logits, dim=-1)
+
+    @property
+    def action_noise(self) -> ActionNoise:
+        """What :meth:`draw_noise` draws per observation row."""
+        return ActionNoise("uniform", len(self.nvec) * self.max_actions)
+
+    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The random draw of one :meth:`sample` of ``obs``: uniform noise ``(B, k * n_max)``,
+        ``noise[b, i * n_max + a]`` for action a of dim i of row b (Gumbel noise once transformed)."""
+        return torch.rand(
+            (*obs.shape[: -self.observation_rank], len(self.nvec) * self.max_actions),
+            generator=generator,
+            device=obs.device,
+            dtype=self.logits_net[-1].weight.dtype,
+        )
+
+    def sample(
+        self,
+        obs: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(action (B, k), log_prob (B,))``; deterministic takes each dim's argmax. ``noise``: as
+        :meth:`CategoricalPolicy.sample`'s."""
+        log_probs = self(obs)  # (B, k, n_max)
+        if deterministic:
+            action = log_probs.argmax(dim=-1)
+        else:  # Gumbel-max per dim; a padded action (-inf) is never chosen, u < 1 keeps it finite
+            uniform = self.draw_noise(obs, generator) if noise is None else noise
+            minus_gumbel = torch.log(-torch.log(uniform)).unflatten(-1, log_probs.shape[-2:])
+            action = (log_probs - minus_gumbel).max(dim=-1).indices
+        log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
+        return action, log_prob
+
+    def log_prob_entropy(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probability of ``action`` ``(B, k)`` and entropy, both ``(B,)`` (summed over the dims)."""
+        log_probs = self(obs)  # (B, k, n_max)
+        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1).sum(dim=-1)
+        # clamp so that the padding's 0 * log(0) gives 0 rather than nan
+        log_probs = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
+        entropy = -(log_probs.exp() * log_probs).sum(dim=(-2, -1))
+        return log_prob, entropy
+
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The most probable action of every dim ``(B, k)``."""
+        return self(obs).argmax(dim=-1)
+
+
+class ValueNet(nn.Module):
+    """State value: an MLP from observations ``(B, obs_dim)`` to values ``(B,)`` (``encoder``: as
+    :class:`CategoricalPolicy`'s; a policy's encoder passed here is shared with it)."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        encoder: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.value_net = head_mlp(obs_dim, hidden_sizes, 1, activation, VALUE_OUTPUT_GAIN, encoder)
+
+    @property
+    def encoder(self) -> nn.Module | None:
+        """The encoder in front of the MLP, or None."""
+        return head_encoder(self.value_net)
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.value_net(obs).squeeze(-1)  # (B,)
@@ -514,10 +694,6 @@ class MemberActor:
 # An encoder turns observations ``(B, *obs_shape)`` (any dtype: uint8 images stay uint8 until here) into
 # float features ``(B, out_dim)`` for the MLP heads. A 1-D Box needs none: its observations are the
 # features. :func:`feature_encoder` picks one for a space.
-
-ENCODERS = ("auto", "mlp", "nature", "impala")
-"""``encoder`` values: auto (a CNN for image spaces, none for vectors), mlp (no encoder: flat vectors
-only), nature (the Nature-DQN CNN), impala (the IMPALA ResNet)."""
 
 
 def is_image_space(space: gym.Space) -> bool:
@@ -657,7 +833,7 @@ class DictEncoder(nn.Module):
         for name, part in space.spaces.items():
             size = int(gym.spaces.flatdim(part))
             if is_image_space(part):
-                encoder = _image_encoder(part, "nature" if kind == "auto" else kind, f"Dict part {name!r}")
+                encoder = _image_encoder(part, kind, f"Dict part {name!r}")
                 self.out_dim += encoder.out_dim
             elif isinstance(part, gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiBinary):
                 encoder = nn.Identity()
@@ -679,7 +855,9 @@ class DictEncoder(nn.Module):
 def _image_encoder(space: gym.spaces.Box, kind: str, where: str) -> ImageEncoder:
     if kind == "impala":
         return ImpalaCNN(space)
-    if kind in ("nature", "auto"):
+    if kind == "nature":  # asked for: a ConfigError for images under 36x36, not another CNN
+        return NatureCNN(space)
+    if kind == "auto":
         height, width = image_layout(space)[0][1:]
         return NatureCNN(space) if min(height, width) >= 36 else ImpalaCNN(space)
     raise ConfigError(
@@ -711,7 +889,28 @@ def feature_encoder(space: gym.Space, kind: str = "auto") -> tuple[nn.Module | N
 
 # -- spaces ------------------------------------------------------------------------------------------
 
-SUPPORTED_SPACES = "observations: a 1-D Box; actions: Discrete (start 0) or Box"
+SUPPORTED_SPACES = "observations: a 1-D Box; actions: Discrete (start 0), MultiDiscrete (start 0) or Box"
+
+
+def observation_kind(space: gym.Space) -> str | None:
+    """What an algorithm must read to learn from ``space``: "flat" (a 1-D Box), "image"
+    (:func:`is_image_space`), "dict" (a Dict, its parts checked by :class:`DictEncoder`), or None (a
+    space no phalanx network reads)."""
+    if isinstance(space, gym.spaces.Dict):
+        return "dict"
+    if is_image_space(space):
+        return "image"
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return "flat"
+    return None
+
+
+def observation_shape(space: gym.Space) -> tuple[int, ...]:
+    """The shape of one observation tensor of ``space``: a Dict's is its flat vector
+    ``(gymnasium.spaces.flatdim(space),)`` (Dict observations arrive flattened), any other's its shape."""
+    if isinstance(space, gym.spaces.Dict):
+        return (int(gym.spaces.flatdim(space)),)
+    return tuple(int(size) for size in space.shape)
 
 
 def obs_dim(space: gym.Space) -> int:
@@ -724,24 +923,46 @@ def obs_dim(space: gym.Space) -> int:
     return int(space.shape[0])
 
 
+def multi_discrete_sizes(action_space: gym.spaces.MultiDiscrete) -> tuple[int, ...]:
+    """``nvec`` of a MultiDiscrete action space as a policy reads it; a ConfigError where it is not a
+    flat vector of dims starting at 0."""
+    if action_space.nvec.ndim != 1:
+        raise ConfigError(
+            f"unsupported action space {action_space}: a MultiDiscrete action space must be a vector of "
+            f"dims (nvec of shape (k,)), but nvec has shape {action_space.nvec.shape}. Flatten it with an "
+            "action wrapper (gymnasium.spaces.MultiDiscrete(nvec.flatten()))."
+        )
+    if np.any(action_space.start != 0):
+        raise ConfigError(
+            f"unsupported action space {action_space}: MultiDiscrete action spaces must start at 0 (start="
+            f"{action_space.start.tolist()}); shift the actions with a wrapper."
+        )
+    return tuple(int(size) for size in action_space.nvec)
+
+
 def make_policy(
     observation_space: gym.Space,
     action_space: gym.Space,
     hidden_sizes: Sequence[int] = (64, 64),
     activation: str = "tanh",
-) -> CategoricalPolicy | GaussianPolicy:
-    """The policy head for single-env spaces: Discrete -> Categorical, Box -> Gaussian (flattened)."""
-    input_dim = obs_dim(observation_space)
+    encoder: str = "auto",
+) -> CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy:
+    """The policy head for single-env spaces: Discrete -> Categorical, MultiDiscrete -> MultiCategorical,
+    Box -> Gaussian (flattened); with the :func:`feature_encoder` of kind ``encoder`` in front of it."""
+    network, input_dim = feature_encoder(observation_space, encoder)
     if isinstance(action_space, gym.spaces.Discrete):
         if int(action_space.start) != 0:
             raise ConfigError(
                 f"unsupported action space {action_space}: Discrete action spaces must start at 0 "
                 f"(start={int(action_space.start)}); shift the actions with a wrapper."
             )
-        return CategoricalPolicy(input_dim, int(action_space.n), hidden_sizes, activation)
+        return CategoricalPolicy(input_dim, int(action_space.n), hidden_sizes, activation, network)
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        nvec = multi_discrete_sizes(action_space)
+        return MultiCategoricalPolicy(input_dim, nvec, hidden_sizes, activation, network)
     if isinstance(action_space, gym.spaces.Box):
         action_dim = int(np.prod(action_space.shape))
-        return GaussianPolicy(input_dim, action_dim, hidden_sizes, activation)
+        return GaussianPolicy(input_dim, action_dim, hidden_sizes, activation, encoder=network)
     raise ConfigError(
         f"unsupported action space {type(action_space).__name__} ({action_space}); "
         f"supported: {SUPPORTED_SPACES}."

@@ -173,6 +173,19 @@ def learning_rule(name: str) -> Any:
     return None if rule is None else resolve(rule)
 
 
+def algorithms_reading(kind: str, action_space: Any = None) -> list[str]:
+    """The single-agent algorithms that read observations of ``kind`` (flat, image, dict: their
+    ``Algorithm.observations``) and, if ``action_space`` is given, act in it (their ``action_spaces``)."""
+    names = []
+    for name in algorithm_names():
+        algorithm = get_algorithm(name)
+        if algorithm.multi_agent or kind not in algorithm.observations:
+            continue
+        if action_space is None or isinstance(action_space, algorithm.action_spaces):
+            names.append(name)
+    return names
+
+
 def trainer_class(name: str) -> type:
     return resolve(registration(name).trainer)
 

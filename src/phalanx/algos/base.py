@@ -29,8 +29,9 @@ from torch import nn
 
 from phalanx.config import AlgoConfig, TrainConfig, check
 from phalanx.errors import ConfigError
-from phalanx.nets import ActionNoise
+from phalanx.nets import ActionNoise, observation_kind
 from phalanx.optim import clip_grad_norm, gradients
+from phalanx.registry import algorithms_reading
 
 
 class GradientGroup(Protocol):
@@ -146,6 +147,9 @@ class Algorithm:
     """Attributes a checkpoint holds beside the networks and optimisers: counters, tensors (SAC's
     ``log_alpha``); see :meth:`state_dict`."""
     action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
+    observations: ClassVar[tuple[str, ...]] = ("flat",)
+    """The kinds of observation space the algorithm reads (``phalanx.nets.observation_kind``): flat (a
+    1-D Box), image (a Box of images, through a CNN encoder), dict (a Dict of flat and image parts)."""
     multi_agent: ClassVar[bool] = False
     """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
 
@@ -166,16 +170,37 @@ class Algorithm:
 
     @classmethod
     def check_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> None:
+        """A ConfigError naming the space, the algorithms that can read it and the fix, where this
+        algorithm cannot act in ``action_space`` or read ``observation_space`` (:attr:`observations`)."""
         if not isinstance(action_space, cls.action_spaces):
             supported = " or ".join(space.__name__ for space in cls.action_spaces)
             raise ConfigError(
                 f"{cls.name} needs a {supported} action space, but the environment's action space is "
                 f"{action_space}. Choose an algorithm for this action space (see `phalanx train --help`)."
             )
-        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        kind = observation_kind(observation_space)
+        if kind is None:
             raise ConfigError(
-                f"{cls.name} needs flat Box observations (a vector per sub-env), but the environment's "
-                f"observation space is {observation_space}. Flatten the observations in the env."
+                f"{cls.name} cannot read the observation space {observation_space}: phalanx reads a 1-D Box "
+                "(a vector per sub-env), images (a Box (C, H, W), (H, W, C), or uint8 (H, W)) and Dict "
+                "spaces of those. Flatten the observations with a wrapper "
+                "(gymnasium.wrappers.FlattenObservation)."
+            )
+        if kind not in cls.observations:
+            readers = algorithms_reading(kind, action_space)
+            fix = (
+                f"use {' or '.join(readers)}"
+                if readers
+                else f"no phalanx algorithm reads them with the action space {action_space}"
+            )
+            what = {
+                "image": f"image observations {observation_space.shape} {observation_space.dtype}",
+                "dict": f"Dict observations {observation_space}",
+            }[kind]
+            raise ConfigError(
+                f"{what}: {cls.name} reads {_kinds_text(cls.observations)} only; {fix}, or flatten the "
+                "observations with a wrapper "
+                "(gymnasium.wrappers.FlattenObservation)."
             )
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
@@ -259,6 +284,12 @@ class Algorithm:
                     value.copy_(state[name])
             else:
                 setattr(self, name, state[name])
+
+
+def _kinds_text(kinds: tuple[str, ...]) -> str:
+    """``("flat", "image")`` as "flat vectors and images"."""
+    names = {"flat": "flat vectors", "image": "images", "dict": "Dict observations"}
+    return " and ".join(names[kind] for kind in kinds)
 
 
 def _state_dicts(entries: dict[str, Any]) -> dict[str, Any]:

@@ -138,12 +138,6 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
 
 
-def encoder_kind(config: DQNConfig) -> str:
-    """The observation encoder the Q-network reads through (``phalanx.nets.ENCODERS``): "auto", a CNN for
-    image observations and none for flat vectors."""
-    return "auto"
-
-
 class GreedyActing(ActingModule):
     """DQN's acting: the action of the largest Q-value."""
 
@@ -198,12 +192,13 @@ class DQN(OffPolicyAlgorithm):
     name = "dqn"
     config_class = DQNConfig
     action_spaces = (gym.spaces.Discrete,)
+    observations = ("flat", "image")
     config: DQNConfig
 
     def __init__(self, config: DQNConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
         self.num_actions = int(action_space.n)
-        encoder, feature_dim = feature_encoder(observation_space, encoder_kind(config))
+        encoder, feature_dim = feature_encoder(observation_space, config.encoder)
         self.q_network = QNetwork(
             encoder,
             feature_dim,

@@ -26,18 +26,30 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import torch
+from torch import nn
 
 from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.config import AlgoConfig, TrainConfig, check, is_int
 from phalanx.errors import ConfigError
-from phalanx.nets import CategoricalPolicy, GaussianPolicy, MemberActor, ValueNet, obs_dim
+from phalanx.nets import (
+    CategoricalPolicy,
+    GaussianPolicy,
+    MemberActor,
+    MultiCategoricalPolicy,
+    ValueNet,
+    feature_encoder,
+    head_on_features,
+    multi_discrete_sizes,
+)
 from phalanx.optim import FlatRMSprop, GradientStep, make_adam
 from phalanx.registry import no_recurrent_policy, registration
 
 Tensor = torch.Tensor
 RECURRENT_CELLS = ("lstm", "gru")
 """The memories of a recurrent policy (``ActorCriticConfig.recurrent``)."""
+PolicyHead = CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy
+"""The policy heads of PPO and A2C, one per kind of action space."""
 Hyperparameter = float | Tensor
 """A Python float for one agent, or a float64 tensor of one value per member: ``(P, 1)`` for those that
 act on every sample (``clip_range``, ``clip_value``, broadcasting over the samples), ``(P,)`` for those
@@ -50,7 +62,7 @@ class PolicyHeadActing(ActingModule):
     mean, or (stochastic) the action :meth:`~phalanx.nets.CategoricalPolicy.sample` draws from ``noise``
     (uniform noise for the Gumbel-max trick; standard normal noise scaled by the standard deviation)."""
 
-    def __init__(self, policy: CategoricalPolicy | GaussianPolicy, stochastic: bool = False) -> None:
+    def __init__(self, policy: PolicyHead, stochastic: bool = False) -> None:
         super().__init__(policy.action_noise if stochastic else None)
         self.policy = policy
 
@@ -260,7 +272,7 @@ class ActorCriticLoss(NamedTuple):
 
 
 def actor_critic_loss(
-    policy: CategoricalPolicy | GaussianPolicy,
+    policy: PolicyHead,
     value: ValueNet,
     batch: ActorCriticBatch,
     hyperparameters: ActorCriticHyperparameters,
@@ -357,6 +369,8 @@ class PPO(Algorithm):
     config_class = PPOConfig
     on_policy = True
     config: PPOConfig
+    action_spaces = (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete)
+    observations = ("flat", "image", "dict")
 
     def __init__(
         self,
@@ -367,30 +381,56 @@ class PPO(Algorithm):
         critic_space: gym.Space | None = None,
     ) -> None:
         """``critic_space``: the value function's input when it is not the observation (a centralised
-        critic on the global state, as MAPPO's); the rollout then carries it as ``critic_obs``."""
+        critic on the global state, as MAPPO's); the rollout then carries it as ``critic_obs``.
+
+        Observations other than a 1-D Box go through the encoder of ``config.encoder``
+        (:func:`~phalanx.nets.feature_encoder`), one shared by the policy and the value function with
+        ``config.share_encoder`` (where the value function reads the observations), else one each.
+        Flat observations have no encoder: the networks are exactly the MLPs of before encoders."""
         super().__init__(config, observation_space, action_space, device)
-        in_dim = obs_dim(observation_space)
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.policy: CategoricalPolicy | GaussianPolicy = CategoricalPolicy(
-                in_dim, int(action_space.n), config.hidden_sizes, config.activation
-            )
+        encoder, features = feature_encoder(observation_space, config.encoder)
+        self.policy: PolicyHead = self.policy_head(encoder, features, action_space)
+        if critic_space is None and config.share_encoder:
+            critic_encoder, critic_features = encoder, features
         else:
-            self.policy = GaussianPolicy(
-                in_dim,
-                int(action_space.shape[0]),
-                config.hidden_sizes,
-                config.activation,
-                config.log_std_init,
+            critic_encoder, critic_features = feature_encoder(
+                observation_space if critic_space is None else critic_space, config.encoder
             )
-        critic_dim = in_dim if critic_space is None else obs_dim(critic_space)
-        self.value = ValueNet(critic_dim, config.hidden_sizes, config.activation)
+        self.value = ValueNet(critic_features, config.hidden_sizes, config.activation, critic_encoder)
         self.policy.to(self.device)
         self.value.to(self.device)
-        self.parameters = [*self.policy.parameters(), *self.value.parameters()]
+        # a shared encoder's parameters once (nn.Module.parameters() skips those already given)
+        self.parameters = list(nn.ModuleList([self.policy, self.value]).parameters())
+        self.shared_trunk: tuple[nn.Module, PolicyHead, ValueNet] | None = None
+        """With a shared encoder: ``(encoder, policy, value)``, the heads as views on its features
+        (:func:`~phalanx.nets.head_on_features`), so that collection and the loss run the encoder once
+        for both heads (a tuple: the checkpoint holds the networks as ``policy`` and ``value``)."""
+        if encoder is not None and self.value.encoder is encoder:
+            self.shared_trunk = (encoder, head_on_features(self.policy), head_on_features(self.value))
         self.optimizer = self.make_optimizer()
         self.gradient_step: GradientStep | None = None
         """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
         self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
+
+    def policy_head(self, encoder: nn.Module | None, features: int, action_space: gym.Space) -> PolicyHead:
+        """The policy of ``action_space``'s kind, reading ``features`` from ``encoder`` (None: the flat
+        observations are the features)."""
+        config = self.config
+        if isinstance(action_space, gym.spaces.Discrete):
+            return CategoricalPolicy(
+                features, int(action_space.n), config.hidden_sizes, config.activation, encoder
+            )
+        if isinstance(action_space, gym.spaces.MultiDiscrete):
+            nvec = multi_discrete_sizes(action_space)
+            return MultiCategoricalPolicy(features, nvec, config.hidden_sizes, config.activation, encoder)
+        return GaussianPolicy(
+            features,
+            int(action_space.shape[0]),
+            config.hidden_sizes,
+            config.activation,
+            config.log_std_init,
+            encoder,
+        )
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
@@ -402,9 +442,18 @@ class PPO(Algorithm):
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch."""
-        actions, log_probs = self.policy.sample(obs)
+    def explore(
+        self, obs: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions for collection: ``(actions, log_probs, values)`` for a (N, obs_dim) batch;
+        ``noise``: the policy's ``draw_noise(obs)``, drawn by the caller (None: drawn here). A shared
+        encoder runs once for the actions and the values."""
+        if self.shared_trunk is not None:
+            encoder, policy, value = self.shared_trunk
+            features = encoder(obs)
+            actions, log_probs = policy.sample(features, noise=noise)
+            return actions, log_probs, value(features)
+        actions, log_probs = self.policy.sample(obs, noise=noise)
         return actions, log_probs, self.value(obs)
 
     @torch.no_grad()
@@ -435,13 +484,21 @@ class PPO(Algorithm):
         if self.gradient_step is None:
             self.gradient_step = GradientStep(
                 self.optimizer,  # type: ignore[arg-type]  # make_optimizer builds a flat one
-                [self.policy, self.value],
+                self.loss_modules(),
                 self.minibatch_loss,
                 self.config.max_grad_norm,
             )
             self.gradient_step.compile()
             self.gae = compute_gae_scan
         return ["update"]
+
+    def loss_modules(self) -> list[nn.Module]:
+        """The modules :meth:`minibatch_loss` computes with, each parameter in one of them once: the
+        policy and the value function, or with a shared encoder the encoder and the two heads on its
+        features (a module tree holding the encoder twice, tied, does not compile under torch.func)."""
+        if self.shared_trunk is not None:
+            return list(self.shared_trunk)
+        return [self.policy, self.value]
 
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
         config = self.config
@@ -531,7 +588,12 @@ class PPO(Algorithm):
             returns,
             minibatch_obs if critic_obs is None else critic_obs[index],
         )
-        result = actor_critic_loss(self.policy, self.value, batch, self.loss_hyperparameters())
+        policy, value = self.policy, self.value
+        if self.shared_trunk is not None:  # the encoder once, both heads on its features
+            encoder, policy, value = self.shared_trunk
+            features = encoder(minibatch_obs)
+            batch = batch._replace(obs=features, critic_obs=features)
+        result = actor_critic_loss(policy, value, batch, self.loss_hyperparameters())
         return result.loss, (result.metrics, result.ratio, result.log_ratio)
 
     # The pieces where A2C differs.

@@ -48,20 +48,22 @@ from phalanx.algos.ppo import (
     A2CConfig,
     ActorCriticBatch,
     ActorCriticConfig,
+    PolicyHead,
     PPOConfig,
     actor_critic_loss,
 )
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.nets import CategoricalPolicy, GaussianPolicy, ValueNet, feature_encoder
+from phalanx.nets import (
+    CategoricalPolicy,
+    GaussianPolicy,
+    MultiCategoricalPolicy,
+    ValueNet,
+    feature_encoder,
+    multi_discrete_sizes,
+)
 
 Tensor = torch.Tensor
-
-
-def observation_encoder(observation_space: gym.Space) -> tuple[nn.Module | None, int]:
-    """The encoder of the recurrent network's observations and its feature size (None: flat observations
-    are the features)."""
-    return feature_encoder(observation_space, "auto")
 
 
 def reset_memory(memory: Tensor, episode_starts: Tensor) -> Tensor:
@@ -79,7 +81,7 @@ class RecurrentActorCritic(nn.Module):
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: ActorCriticConfig):
         super().__init__()
-        self.encoder, features = observation_encoder(observation_space)
+        self.encoder, features = feature_encoder(observation_space, config.encoder)  # None: flat obs
         hidden = config.recurrent_hidden_size
         self.kind = config.recurrent
         self.rnn: nn.LSTM | nn.GRU = (
@@ -94,8 +96,12 @@ class RecurrentActorCritic(nn.Module):
         self.memory_shape = (2 if self.kind == "lstm" else 1, hidden)
         """One sub-env's memory: h and c of an LSTM, h of a GRU, each ``recurrent_hidden_size``."""
         if isinstance(action_space, gym.spaces.Discrete):
-            self.policy: CategoricalPolicy | GaussianPolicy = CategoricalPolicy(
+            self.policy: PolicyHead = CategoricalPolicy(
                 hidden, int(action_space.n), config.hidden_sizes, config.activation
+            )
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self.policy = MultiCategoricalPolicy(
+                hidden, multi_discrete_sizes(action_space), config.hidden_sizes, config.activation
             )
         else:
             self.policy = GaussianPolicy(

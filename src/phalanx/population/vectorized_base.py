@@ -66,12 +66,35 @@ from phalanx.envs.wrappers import (
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
     EnsembleLinear,
+    observation_kind,
 )
 from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
 from phalanx.train.evaluator import Evaluator
 
 
+def check_batchable(algo: str, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """A ConfigError where the vectorized backend cannot batch the members' networks: it stacks their
+    MLPs into ensembles (``EnsembleMLP``), which have no observation encoder (images, Dict observations)
+    and no MultiDiscrete head."""
+    kind = observation_kind(observation_space)
+    if kind != "flat":
+        what = "image observations" if kind == "image" else "Dict observations"
+        raise ConfigError(
+            f"backend 'vectorized' batches the members' MLPs as one ensemble network, which has no encoder "
+            f"for the {what} of {observation_space}. Use the process backend (--backend process; also "
+            f"serial or ray), which trains each member as a single {algo} run with its encoder."
+        )
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        raise ConfigError(
+            f"backend 'vectorized' batches the members' policies as ensembles of categorical or Gaussian "
+            f"heads, not the MultiDiscrete action space {action_space}. Use the process backend "
+            f"(--backend process; also serial or ray), which trains each member as a single {algo} run."
+        )
+
+
 # -- per-member scaling of the rewards --------------------------------------------------------------
+
+
 class MemberScaleReward(ScaleReward):
     """ScaleReward with a discount and return statistics of their own for each member's block of rows.
 
@@ -175,6 +198,9 @@ class VectorizedPopulation:
         self.env = self._build_env(self.num_members * self.num_envs, training=True)
         raw_env = self.env.unwrapped
         self.algorithm_class.check_spaces(raw_env.single_observation_space, raw_env.single_action_space)
+        check_batchable(
+            self.algorithm_class.name, raw_env.single_observation_space, raw_env.single_action_space
+        )
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space  # [-1, 1] for a Box (RescaleAction)
         self.spaces = space_spec(self.observation_space, raw_env.single_action_space)

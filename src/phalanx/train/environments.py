@@ -30,7 +30,8 @@ from phalanx.envs.wrappers import (
     ScaleReward,
     find_wrapper,
 )
-from phalanx.errors import ConfigError
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.nets import is_image_space
 
 EVAL_SEED_OFFSET = 1_000_003
 """A run seeded ``s`` evaluates on envs seeded ``s + EVAL_SEED_OFFSET`` (apart from its training envs)."""
@@ -94,8 +95,10 @@ def wrap_env(
 ) -> VecEnv:
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env)
-    if isinstance(env.single_action_space, gym.spaces.Box):
+    if isinstance(env.single_action_space, gym.spaces.Box):  # MultiDiscrete, Discrete: as they are
         env = RescaleAction(env)
+    if config.normalize_obs:
+        check_normalizable(env.single_observation_space)
     if config.normalize_obs and blocks > 1:
         env = MemberNormalizeObservation(env, blocks, statistics=obs_statistics, update=training)
     elif config.normalize_obs:
@@ -105,32 +108,86 @@ def wrap_env(
     return env
 
 
+def check_normalizable(space: gym.Space) -> None:
+    """A ConfigError where ``normalize_obs`` cannot apply to observations of ``space``: images (and Dict
+    spaces with image parts) are scaled by the network's encoder instead; other Dict spaces are refused."""
+    parts = space.spaces.values() if isinstance(space, gym.spaces.Dict) else [space]
+    if any(is_image_space(part) for part in parts):
+        raise ConfigError(
+            f"normalize_obs = True cannot apply to the image observations of {space}: images are scaled "
+            "to [0, 1] inside the network's encoder (uint8 pixels / 255), and per-pixel running statistics "
+            "would waste memory and add noise. Drop --normalize-obs (set normalize_obs: false)."
+        )
+    if isinstance(space, gym.spaces.Dict):
+        raise ConfigError(
+            f"normalize_obs = True is for Box observations, but the observation space is the Dict {space}. "
+            "Drop --normalize-obs, or normalise the vector parts in the env (e.g. with "
+            "gymnasium.wrappers.NormalizeObservation on a Box part)."
+        )
+
+
 def space_spec(observation_space: gym.Space, action_space: gym.Space) -> dict[str, Any]:
-    """The spaces as tensors and primitives, so that a checkpoint can rebuild the agent without the env."""
-    spec: dict[str, Any] = {
-        "observation_shape": list(observation_space.shape),
-        "observation_low": torch.as_tensor(observation_space.low),
-        "observation_high": torch.as_tensor(observation_space.high),
-    }
-    if isinstance(action_space, gym.spaces.Discrete):
-        spec["action"] = {"type": "discrete", "n": int(action_space.n)}
-    else:
-        spec["action"] = {
-            "type": "box",
-            "low": torch.as_tensor(action_space.low),
-            "high": torch.as_tensor(action_space.high),
-        }
-    return spec
+    """The spaces as tensors and primitives (no pickled objects), so that a checkpoint can rebuild the
+    agent without the env: ``{"observation": spec, "action": spec}``, each spec a dict with a ``type``
+    (box, discrete, multi_discrete, multi_binary, dict) and the space's bounds, sizes and dtype; a Dict's
+    ``spaces`` hold the spec of each part, by key."""
+    return {"observation": _spec(observation_space), "action": _spec(action_space)}
 
 
 def spaces_from_spec(spec: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
-    observation_space = gym.spaces.Box(
-        spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype="float32"
+    """The ``(observation_space, action_space)`` of :func:`space_spec`, or of the format before it (a
+    float32 Box observation as ``observation_low`` / ``observation_high``)."""
+    if "observation" in spec:
+        observation_space = _space(spec["observation"])
+    else:
+        observation_space = gym.spaces.Box(
+            spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype="float32"
+        )
+    return observation_space, _space(spec["action"])
+
+
+def _spec(space: gym.Space) -> dict[str, Any]:
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "box",
+            "low": torch.as_tensor(space.low),
+            "high": torch.as_tensor(space.high),
+            "dtype": str(space.dtype),
+        }
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {
+            "type": "multi_discrete",
+            "nvec": torch.as_tensor(space.nvec),
+            "start": torch.as_tensor(space.start),
+        }
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "multi_binary", "n": [int(size) for size in np.atleast_1d(space.n)]}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "dict", "spaces": {key: _spec(part) for key, part in space.spaces.items()}}
+    raise ConfigError(
+        f"cannot store the space {space} in a checkpoint: phalanx stores Box, Discrete, MultiDiscrete, "
+        "MultiBinary and Dict spaces of those."
     )
-    action = spec["action"]
-    if action["type"] == "discrete":
-        return observation_space, gym.spaces.Discrete(action["n"])
-    return observation_space, gym.spaces.Box(action["low"].numpy(), action["high"].numpy(), dtype="float32")
+
+
+def _space(spec: dict[str, Any]) -> gym.Space:
+    kind = spec["type"]
+    if kind == "box":  # a checkpoint of before dtypes were stored: float32
+        return gym.spaces.Box(spec["low"].numpy(), spec["high"].numpy(), dtype=spec.get("dtype", "float32"))
+    if kind == "discrete":
+        return gym.spaces.Discrete(spec["n"], start=spec.get("start", 0))
+    if kind == "multi_discrete":
+        return gym.spaces.MultiDiscrete(spec["nvec"].numpy(), start=spec["start"].numpy())
+    if kind == "multi_binary":
+        return gym.spaces.MultiBinary(spec["n"] if len(spec["n"]) > 1 else spec["n"][0])
+    if kind == "dict":
+        return gym.spaces.Dict({key: _space(part) for key, part in spec["spaces"].items()})
+    raise CheckpointError(
+        f"the checkpoint stores a space of type {kind!r}, which this phalanx version does not know; load it "
+        "with the phalanx version that wrote it."
+    )
 
 
 def picklable_factory(env_id: str, why: str, instead: str) -> dict[str, Any]:
@@ -228,6 +285,9 @@ class EnvSpacePolicy:
 
     def __call__(self, obs: Any) -> np.ndarray:
         """The deterministic action for one observation of a Gymnasium env (numpy in, numpy out), the
-        steps of one episode in order (a recurrent policy remembers the earlier ones)."""
-        obs_tensor = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device)
+        steps of one episode in order (a recurrent policy remembers the earlier ones); uint8 images stay
+        uint8 (the encoder scales them)."""
+        array = np.asarray(obs)
+        dtype = torch.uint8 if array.dtype == np.uint8 else torch.float32
+        obs_tensor = torch.as_tensor(array, dtype=dtype, device=self.device)
         return self.act(obs_tensor.unsqueeze(0))[0].cpu().numpy()

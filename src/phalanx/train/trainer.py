@@ -30,6 +30,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
+from phalanx.nets import observation_shape
 from phalanx.registry import algorithm_class, get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement
@@ -214,13 +215,13 @@ class Trainer:
         observation_space = self.env.single_observation_space
         action_space = self.env.single_action_space
         action_shape = action_space.shape
-        integer_actions = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
         action_dtype = torch.int64 if integer_actions else torch.float32
         if self.algorithm.on_policy:
             return self.algorithm.rollout_buffer(
                 hp.horizon,
                 config.num_envs,
-                observation_space.shape,
+                observation_shape(observation_space),  # a Dict's: its flat vector
                 action_shape,
                 action_dtype,
                 self.device,
