@@ -151,15 +151,18 @@ class RecurrentActorCritic(nn.Module):
         first stretch) or from zeros (a new episode). The rows are padded at their end to the longest: an
         RNN's output at a step depends only on the steps before it, so the padding changes nothing."""
         length, batch = episode_starts.shape
-        features = self.encode(obs.flatten(0, 1)).view(length, batch, -1)  # the encoder batched over steps
+        features = self.encode(obs.flatten(0, 1))  # (L * B, F): the encoder batched over steps
         row, position, rows, longest = segments(episode_starts)
-        inputs = features.new_zeros(longest, rows, features.shape[-1])
-        inputs[position, row] = features
-        initial = memory.new_zeros(rows, *self.memory_shape)
-        initial[row[0]] = reset_memory(memory, episode_starts[0])
-        initial = initial.transpose(0, 1).contiguous()  # (M, rows, H): h (and c) as rnn takes them
-        outputs, _ = self.rnn(inputs, (initial[:1], initial[1:]) if self.kind == "lstm" else initial)
-        return outputs[position, row]
+        slot = (position * rows + row).flatten()  # each step's place in the (longest, rows) padded steps
+        inputs = features.new_zeros(longest * rows, features.shape[-1]).index_copy(0, slot, features)
+        initial = memory.new_zeros(
+            self.memory_shape[0], rows, self.memory_shape[1]
+        )  # h (and c), as rnn takes them
+        initial[:, row[0]] = reset_memory(memory, episode_starts[0]).transpose(0, 1)
+        outputs, _ = self.rnn(
+            inputs.view(longest, rows, -1), (initial[:1], initial[1:]) if self.kind == "lstm" else initial
+        )
+        return outputs.flatten(0, 1).index_select(0, slot).view(length, batch, -1)
 
 
 class Segments(NamedTuple):
