@@ -149,6 +149,41 @@ def test_the_worker_carries_memory_and_stores_what_the_policy_acted_with():
     assert torch.equal(buffer.memory[0], carried)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_sequence_call_computes_what_the_steps_compute_values_and_gradients(cell):
+    algorithm, _, _ = build(cell)
+    network = algorithm.network
+    obs, memory = torch.randn(12, 5, 4), torch.randn(5, *algorithm.memory_shape)
+    starts = torch.zeros(12, 5, dtype=torch.bool)
+    starts[0, 1] = starts[4, 1] = starts[5, 1] = starts[11, 2] = True  # back-to-back starts, a last step
+    starts[:, 3] = True  # episodes of one step
+    # the reference: acting's step, one after another, the memory zeroed where an episode starts
+    outputs, carried = [], memory
+    for t in range(12):
+        hidden, carried = network.step(obs[t], reset_memory(carried, starts[t]))
+        outputs.append(hidden)
+    weights = torch.randn(12, 5, 8)  # a loss that weighs every output differently
+    (torch.stack(outputs) * weights).sum().backward()
+    expected = [parameter.grad.clone() for parameter in network.rnn.parameters()]
+    network.zero_grad()
+    unrolled = network.unroll(obs, memory, starts)
+    (unrolled * weights).sum().backward()
+    assert torch.allclose(unrolled, torch.stack(outputs), atol=1e-6)
+    for parameter, gradient in zip(network.rnn.parameters(), expected, strict=True):
+        assert torch.allclose(parameter.grad, gradient, atol=1e-5)
+    assert torch.equal(network.steps(obs, memory, starts), carried)
+
+
+def test_a_network_saved_with_a_cell_module_loads():
+    network = build()[0].network
+    state = network.state_dict()  # the names of the weights when the network held an nn.LSTMCell `cell`
+    old = {key.replace("rnn.", "cell.").removesuffix("_l0"): value for key, value in state.items()}
+    assert "cell.weight_ih" in old
+    fresh = build()[0].network
+    fresh.load_state_dict(old)
+    assert all(torch.equal(value, fresh.state_dict()[key]) for key, value in state.items())
+
+
 def test_gradient_flows_back_through_the_sequence_but_not_across_an_episode_start():
     algorithm, _, _ = build()
     obs = torch.randn(6, 2, 4, requires_grad=True)

@@ -3,9 +3,9 @@
 A run asks for it with ``recurrent: lstm`` (or ``gru``) in the PPO or A2C hyperparameters
 (``phalanx.registry.algorithm_class`` then builds :class:`RecurrentPPO` / :class:`RecurrentA2C`). The
 network (:class:`RecurrentActorCritic`) is observations -> encoder (``phalanx.nets.feature_encoder``;
-flat observations are their own features) -> one LSTM/GRU cell shared by actor and critic -> the
-policy head and the value head of the feed-forward algorithms (``CategoricalPolicy`` / ``GaussianPolicy``
-and ``ValueNet``, on the cell's output).
+flat observations are their own features) -> one LSTM/GRU (``nn.LSTM`` / ``nn.GRU``) shared by actor and
+critic -> the policy head and the value head of the feed-forward algorithms (``CategoricalPolicy`` /
+``GaussianPolicy`` and ``ValueNet``, on the LSTM's output).
 
 **Memory.** Each sub-env has one memory tensor, ``(M, H)``: ``M = 2`` rows (h and c) for an LSTM, 1 for a
 GRU, ``H = recurrent_hidden_size``; a batch of them is ``(B, M, H)``. Before each step the memory of a
@@ -20,12 +20,14 @@ step; the update recomputes from them exactly the memory the policy acted with.
 optimiser, A2C's differences) unchanged; what differs is how a minibatch is formed and how its
 log-probabilities and values are computed. Each sub-env's rollout of ``horizon`` steps is cut into
 sequences of ``sequence_length`` steps (default: the whole horizon); a minibatch is a random set of
-``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the cell
+``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the LSTM
 from its stored first memory, the memory zeroed inside it where an episode starts, and the gradient
 flows back through the whole sequence (truncated backpropagation through time: not into the memory it
-starts from). Its first ``burn_in`` steps run without gradient and are left out of the loss: they only
-warm the memory with the current weights. Bootstrapping values of truncated episodes read the memory
-after the step (:meth:`RecurrentPPO.next_values`).
+starts from). A minibatch's sequences run as one call of the ``nn.LSTM`` (one op over all the steps,
+forward and backward; :meth:`RecurrentActorCritic.unroll`), not step by step: each stretch between
+episode starts is a row of its own. A sequence's first ``burn_in`` steps run without gradient and are
+left out of the loss: they only warm the memory with the current weights. Bootstrapping values of
+truncated episodes read the memory after the step (:meth:`RecurrentPPO.next_values`).
 
 **Acting outside training**: :meth:`RecurrentPPO.act_with_memory` (a pure function of observations,
 memory and episode starts); :func:`actor` wraps any algorithm as an :class:`Actor` that acts on a
@@ -155,9 +157,10 @@ class RecurrentActorCritic(nn.Module):
         row, position, rows, longest = segments(episode_starts)
         slot = (position * rows + row).flatten()  # each step's place in the (longest, rows) padded steps
         inputs = features.new_zeros(longest * rows, features.shape[-1]).index_copy(0, slot, features)
+        memory_rows, hidden_size = self.memory_shape
         initial = memory.new_zeros(
-            self.memory_shape[0], rows, self.memory_shape[1]
-        )  # h (and c), as rnn takes them
+            memory_rows, rows, hidden_size
+        )  # (M, rows, H): h (and c) as rnn takes them
         initial[:, row[0]] = reset_memory(memory, episode_starts[0]).transpose(0, 1)
         outputs, _ = self.rnn(
             inputs.view(longest, rows, -1), (initial[:1], initial[1:]) if self.kind == "lstm" else initial
@@ -327,8 +330,9 @@ class RecurrentPPO(PPO):
 
     # -- learning --------------------------------------------------------------------------------
     def compile(self) -> list[str]:
-        """Nothing: the recurrent update loops over the steps of a sequence in Python, which would compile
-        into one graph per sequence length unrolled (minutes); it runs eagerly."""
+        """Nothing: the recurrent update runs eagerly. Its LSTM is one op over a minibatch's steps already,
+        on rows whose number and length follow the minibatch's episode starts (read on the host): a
+        compiled step would be a graph per size."""
         return []
 
     def next_values(self, rollout: RecurrentRolloutBuffer) -> Tensor:  # type: ignore[override]
