@@ -139,7 +139,7 @@ def test_the_worker_carries_memory_and_stores_what_the_policy_acted_with():
     assert torch.equal(buffer.episode_starts[1:], buffer.dones[:-1])
     assert buffer.episode_starts[0].all()  # the first rollout after reset
     # the stored memory before each step is the memory after the previous step, as acting left it
-    hidden, _ = algorithm.network.unroll(buffer.obs, buffer.memory[0], buffer.episode_starts)
+    hidden = algorithm.network.unroll(buffer.obs, buffer.memory[0], buffer.episode_starts)
     assert torch.allclose(hidden[:-1], buffer.memory[1:, :, 0], atol=1e-6)
     assert torch.allclose(hidden[-1], buffer.final_memory[:, 0], atol=1e-6)
     assert torch.allclose(algorithm.network.value(hidden), buffer.values, atol=1e-6)
@@ -149,12 +149,47 @@ def test_the_worker_carries_memory_and_stores_what_the_policy_acted_with():
     assert torch.equal(buffer.memory[0], carried)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_sequence_call_computes_what_the_steps_compute_values_and_gradients(cell):
+    algorithm, _, _ = build(cell)
+    network = algorithm.network
+    obs, memory = torch.randn(12, 5, 4), torch.randn(5, *algorithm.memory_shape)
+    starts = torch.zeros(12, 5, dtype=torch.bool)
+    starts[0, 1] = starts[4, 1] = starts[5, 1] = starts[11, 2] = True  # back-to-back starts, a last step
+    starts[:, 3] = True  # episodes of one step
+    # the reference: acting's step, one after another, the memory zeroed where an episode starts
+    outputs, carried = [], memory
+    for t in range(12):
+        hidden, carried = network.step(obs[t], reset_memory(carried, starts[t]))
+        outputs.append(hidden)
+    weights = torch.randn(12, 5, 8)  # a loss that weighs every output differently
+    (torch.stack(outputs) * weights).sum().backward()
+    expected = [parameter.grad.clone() for parameter in network.rnn.parameters()]
+    network.zero_grad()
+    unrolled = network.unroll(obs, memory, starts)
+    (unrolled * weights).sum().backward()
+    assert torch.allclose(unrolled, torch.stack(outputs), atol=1e-6)
+    for parameter, gradient in zip(network.rnn.parameters(), expected, strict=True):
+        assert torch.allclose(parameter.grad, gradient, atol=1e-5)
+    assert torch.equal(network.steps(obs, memory, starts), carried)
+
+
+def test_a_network_saved_with_a_cell_module_loads():
+    network = build()[0].network
+    state = network.state_dict()  # the names of the weights when the network held an nn.LSTMCell `cell`
+    old = {key.replace("rnn.", "cell.").removesuffix("_l0"): value for key, value in state.items()}
+    assert "cell.weight_ih" in old
+    fresh = build()[0].network
+    fresh.load_state_dict(old)
+    assert all(torch.equal(value, fresh.state_dict()[key]) for key, value in state.items())
+
+
 def test_gradient_flows_back_through_the_sequence_but_not_across_an_episode_start():
     algorithm, _, _ = build()
     obs = torch.randn(6, 2, 4, requires_grad=True)
     starts = torch.zeros(6, 2, dtype=torch.bool)
     starts[3, 1] = True  # column 1 starts an episode at step 3
-    hidden, _ = algorithm.network.unroll(obs, algorithm.initial_memory(2), starts)
+    hidden = algorithm.network.unroll(obs, algorithm.initial_memory(2), starts)
     hidden[-1].sum().backward()
     assert obs.grad[0, 0].abs().sum() > 0  # the last step's output depends on the first observation
     assert obs.grad[:3, 1].abs().sum() == 0 and obs.grad[3, 1].abs().sum() > 0
@@ -165,18 +200,18 @@ def test_burn_in_steps_are_left_out_of_the_loss():
     worker.collect(buffer)
     targets = torch.randn(4, 16 * 4)
     index = torch.tensor([0, 5])  # sequences: chunk 0 of env 0, chunk 1 of env 1
-    obs, actions, memory, starts = algorithm.loss_inputs(buffer)
-    loss = algorithm.minibatch_loss(targets, index, obs, actions, memory, starts)[0]
+    obs, *rest = algorithm.loss_inputs(buffer)  # sequence 0 is obs[:, 0]
+    loss = algorithm.minibatch_loss(targets, index, obs, *rest)[0]
     burn_in_samples = torch.tensor([t * 4 + 0 for t in range(3)] + [t * 4 + 1 for t in range(8, 11)])
     changed = targets.clone()
     changed[:, burn_in_samples] += 100.0  # the targets of the burn-in steps
-    assert torch.equal(algorithm.minibatch_loss(changed, index, obs, actions, memory, starts)[0], loss)
+    assert torch.equal(algorithm.minibatch_loss(changed, index, obs, *rest)[0], loss)
     later = targets.clone()
     later[:, 3 * 4] += 100.0  # step 3 of env 0: after the burn-in, in the loss
-    assert not torch.equal(algorithm.minibatch_loss(later, index, obs, actions, memory, starts)[0], loss)
+    assert not torch.equal(algorithm.minibatch_loss(later, index, obs, *rest)[0], loss)
     # and the burn-in runs without gradient: no gradient reaches its observations
     obs = obs.clone().requires_grad_(True)
-    algorithm.minibatch_loss(targets, index, obs, actions, memory, starts)[0].backward()
+    algorithm.minibatch_loss(targets, index, obs, *rest)[0].backward()
     assert obs.grad[:3, 0].abs().sum() == 0 and obs.grad[3:8, 0].abs().sum() > 0
 
 

@@ -3,9 +3,9 @@
 A run asks for it with ``recurrent: lstm`` (or ``gru``) in the PPO or A2C hyperparameters
 (``phalanx.registry.algorithm_class`` then builds :class:`RecurrentPPO` / :class:`RecurrentA2C`). The
 network (:class:`RecurrentActorCritic`) is observations -> encoder (``phalanx.nets.feature_encoder``;
-flat observations are their own features) -> one LSTM/GRU cell shared by actor and critic -> the
-policy head and the value head of the feed-forward algorithms (``CategoricalPolicy`` / ``GaussianPolicy``
-and ``ValueNet``, on the cell's output).
+flat observations are their own features) -> one LSTM/GRU (``nn.LSTM`` / ``nn.GRU``) shared by actor and
+critic -> the policy head and the value head of the feed-forward algorithms (``CategoricalPolicy`` /
+``GaussianPolicy`` and ``ValueNet``, on the LSTM's output).
 
 **Memory.** Each sub-env has one memory tensor, ``(M, H)``: ``M = 2`` rows (h and c) for an LSTM, 1 for a
 GRU, ``H = recurrent_hidden_size``; a batch of them is ``(B, M, H)``. Before each step the memory of a
@@ -20,12 +20,14 @@ step; the update recomputes from them exactly the memory the policy acted with.
 optimiser, A2C's differences) unchanged; what differs is how a minibatch is formed and how its
 log-probabilities and values are computed. Each sub-env's rollout of ``horizon`` steps is cut into
 sequences of ``sequence_length`` steps (default: the whole horizon); a minibatch is a random set of
-``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the cell
+``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the LSTM
 from its stored first memory, the memory zeroed inside it where an episode starts, and the gradient
 flows back through the whole sequence (truncated backpropagation through time: not into the memory it
-starts from). Its first ``burn_in`` steps run without gradient and are left out of the loss: they only
-warm the memory with the current weights. Bootstrapping values of truncated episodes read the memory
-after the step (:meth:`RecurrentPPO.next_values`).
+starts from). A minibatch's sequences run as one call of the ``nn.LSTM`` (one op over all the steps,
+forward and backward; :meth:`RecurrentActorCritic.unroll`), not step by step: each stretch between
+episode starts is a row of its own. A sequence's first ``burn_in`` steps run without gradient and are
+left out of the loss: they only warm the memory with the current weights. Bootstrapping values of
+truncated episodes read the memory after the step (:meth:`RecurrentPPO.next_values`).
 
 **Acting outside training**: :meth:`RecurrentPPO.act_with_memory` (a pure function of observations,
 memory and episode starts); :func:`actor` wraps any algorithm as an :class:`Actor` that acts on a
@@ -35,7 +37,7 @@ agents act through it). :class:`RecurrentActing` is the export form: memory in, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -72,11 +74,11 @@ def reset_memory(memory: Tensor, episode_starts: Tensor) -> Tensor:
 
 
 class RecurrentActorCritic(nn.Module):
-    """Observations -> encoder -> LSTM or GRU cell -> policy head and value head.
+    """Observations -> encoder -> LSTM or GRU -> policy head and value head.
 
-    :meth:`step` is one step of B sub-envs; :meth:`unroll` a sequence of L steps of B sub-envs with
-    resets where episodes start, through the same cell, so that the update recomputes exactly what acting
-    computed.
+    :meth:`step` is one step of B sub-envs (acting); :meth:`unroll` a sequence of L steps of B sub-envs
+    with resets where episodes start (the update), with the same weights, so that the update recomputes
+    what acting computed (up to float rounding).
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: ActorCriticConfig):
@@ -84,14 +86,15 @@ class RecurrentActorCritic(nn.Module):
         self.encoder, features = feature_encoder(observation_space, config.encoder)  # None: flat obs
         hidden = config.recurrent_hidden_size
         self.kind = config.recurrent
-        self.cell: nn.LSTMCell | nn.GRUCell = (
-            nn.LSTMCell(features, hidden) if self.kind == "lstm" else nn.GRUCell(features, hidden)
+        self.rnn: nn.LSTM | nn.GRU = (
+            nn.LSTM(features, hidden) if self.kind == "lstm" else nn.GRU(features, hidden)
         )
-        for name, parameter in self.cell.named_parameters():  # CleanRL's init of the LSTM
+        for name, parameter in self.rnn.named_parameters():  # CleanRL's init of the LSTM
             if name.startswith("bias"):
                 nn.init.zeros_(parameter)
             else:
                 nn.init.orthogonal_(parameter, 1.0)
+        self.register_load_state_dict_pre_hook(rename_cell_weights)
         self.memory_shape = (2 if self.kind == "lstm" else 1, hidden)
         """One sub-env's memory: h and c of an LSTM, h of a GRU, each ``recurrent_hidden_size``."""
         if isinstance(action_space, gym.spaces.Discrete):
@@ -117,11 +120,15 @@ class RecurrentActorCritic(nn.Module):
         return obs if self.encoder is None else self.encoder(obs)
 
     def cell_step(self, features: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """The cell's output ``(B, H)`` and new memory ``(B, M, H)`` for features ``(B, F)``."""
+        """The output ``(B, H)`` and new memory ``(B, M, H)`` for features ``(B, F)``: one step of the
+        LSTM/GRU, as ``nn.LSTMCell`` / ``nn.GRUCell`` compute it (their op, on ``rnn``'s weights: faster
+        than ``rnn`` on a sequence of one step)."""
+        rnn = self.rnn
+        weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
         if self.kind == "lstm":
-            hidden, cell = self.cell(features, (memory[:, 0], memory[:, 1]))
+            hidden, cell = torch.lstm_cell(features, (memory[:, 0], memory[:, 1]), *weights)
             return hidden, torch.stack((hidden, cell), dim=1)
-        hidden = self.cell(features, memory[:, 0])
+        hidden = torch.gru_cell(features, memory[:, 0], *weights)
         return hidden, hidden.unsqueeze(1)
 
     def step(self, obs: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,17 +136,69 @@ class RecurrentActorCritic(nn.Module):
         observations ``(B, *obs_shape)`` and the memory before it (already reset where episodes start)."""
         return self.cell_step(self.encode(obs), memory)
 
-    def unroll(self, obs: Tensor, memory: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor]:
-        """L steps of B sub-envs: features ``(L, B, H)`` and the memory after the last step, from
-        observations ``(L, B, *obs_shape)``, the memory before the first step ``(B, M, H)`` and the episode
-        starts ``(L, B)`` (the memory is zeroed before each step where they are true)."""
+    def steps(self, obs: Tensor, memory: Tensor, episode_starts: Tensor) -> Tensor:
+        """The memory after L steps of B sub-envs, step by step as acting computes it, from observations
+        ``(L, B, *obs_shape)``, the memory before the first step ``(B, M, H)`` and the episode starts
+        ``(L, B)`` (the memory is zeroed before each step where they are true)."""
+        for step_obs, starts in zip(obs, episode_starts, strict=True):
+            _, memory = self.step(step_obs, reset_memory(memory, starts))
+        return memory
+
+    def unroll(self, obs: Tensor, memory: Tensor, episode_starts: Tensor) -> Tensor:
+        """The recurrent features ``(L, B, H)`` of L steps of B sub-envs, as :meth:`steps` computes them,
+        by one call of ``rnn`` (one op over the sequence, for the forward and the backward pass).
+
+        ``rnn`` cannot zero the memory of a row within a sequence, so each stretch of a sub-env's steps
+        between episode starts (:func:`segments`) runs as a row of its own, from the sub-env's memory (its
+        first stretch) or from zeros (a new episode). The rows are padded at their end to the longest: an
+        RNN's output at a step depends only on the steps before it, so the padding changes nothing."""
         length, batch = episode_starts.shape
-        features = self.encode(obs.flatten(0, 1)).view(length, batch, -1)  # the encoder batched over steps
-        outputs = []
-        for t in range(length):
-            hidden, memory = self.cell_step(features[t], reset_memory(memory, episode_starts[t]))
-            outputs.append(hidden)
-        return torch.stack(outputs), memory
+        features = self.encode(obs.flatten(0, 1))  # (L * B, F): the encoder batched over steps
+        row, position, rows, longest = segments(episode_starts)
+        slot = (position * rows + row).flatten()  # each step's place in the (longest, rows) padded steps
+        inputs = features.new_zeros(longest * rows, features.shape[-1]).index_copy(0, slot, features)
+        memory_rows, hidden_size = self.memory_shape
+        initial = memory.new_zeros(
+            memory_rows, rows, hidden_size
+        )  # (M, rows, H): h (and c) as rnn takes them
+        initial[:, row[0]] = reset_memory(memory, episode_starts[0]).transpose(0, 1)
+        outputs, _ = self.rnn(
+            inputs.view(longest, rows, -1), (initial[:1], initial[1:]) if self.kind == "lstm" else initial
+        )
+        return outputs.flatten(0, 1).index_select(0, slot).view(length, batch, -1)
+
+
+class Segments(NamedTuple):
+    """The stretches of L steps of B sub-envs between episode starts, each a row of its own: step t of
+    sub-env b is step ``position[t, b]`` of row ``row[t, b]`` (both ``(L, B)``); ``rows`` rows, the longest
+    of ``longest`` steps. Made by :func:`segments`."""
+
+    row: Tensor
+    position: Tensor
+    rows: int
+    longest: int
+
+
+def segments(episode_starts: Tensor) -> Segments:
+    """The :class:`Segments` of ``episode_starts`` ``(L, B)``: each runs from a sub-env's first step or an
+    episode start to the step before its next episode start or its last step; numbered sub-env by sub-env,
+    in time order. One host synchronisation (the two sizes)."""
+    length = episode_starts.shape[0]
+    first = episode_starts.clone()
+    first[0] = True  # the first step of a row
+    row = (first.t().flatten().cumsum(0) - 1).view_as(first.t()).t()
+    time = torch.arange(length, device=first.device).unsqueeze(1).expand_as(first)
+    position = time - torch.where(first, time, 0).cummax(0).values  # the steps since the row's first
+    rows, longest = (torch.stack((row[-1, -1], position.max())) + 1).tolist()
+    return Segments(row, position, rows, longest)
+
+
+def rename_cell_weights(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Load checkpoints whose network ran an ``nn.LSTMCell`` / ``nn.GRUCell`` named ``cell``: its weights
+    (``cell.weight_ih``, ...) are the same tensors as ``rnn``'s (``rnn.weight_ih_l0``, ...)."""
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        if f"{prefix}cell.{name}" in state:
+            state[f"{prefix}rnn.{name}_l0"] = state.pop(f"{prefix}cell.{name}")
 
 
 class RecurrentRolloutBuffer(RolloutBuffer):
@@ -271,8 +330,9 @@ class RecurrentPPO(PPO):
 
     # -- learning --------------------------------------------------------------------------------
     def compile(self) -> list[str]:
-        """Nothing: the recurrent update loops over the steps of a sequence in Python, which would compile
-        into one graph per sequence length unrolled (minutes); it runs eagerly."""
+        """Nothing: the recurrent update runs eagerly. Its LSTM is one op over a minibatch's steps already,
+        on rows whose number and length follow the minibatch's episode starts (read on the host): a
+        compiled step would be a graph per size."""
         return []
 
     def next_values(self, rollout: RecurrentRolloutBuffer) -> Tensor:  # type: ignore[override]
@@ -284,12 +344,30 @@ class RecurrentPPO(PPO):
         return self.network.value(hidden).view(horizon, num_envs)
 
     def loss_inputs(self, rollout: RecurrentRolloutBuffer) -> tuple[Tensor, ...]:  # type: ignore[override]
-        """The rollout as ``(T, N, ...)`` steps: observations, actions, memory and episode starts."""
-        return rollout.obs, rollout.actions, rollout.memory, rollout.episode_starts
+        """The rollout as sequences, once per update (a minibatch then gathers its sequences in one op
+        each): chunk c of sub-env n's rollout (its steps ``[c * L, (c + 1) * L)``) is sequence
+        ``c * N + n`` (the ids of :meth:`minibatch_indices`). Observations, actions and episode starts
+        ``(L, S, ...)``, the stored memory before each sequence's first step ``(S, M, H)`` and the index of
+        each step in the flattened ``(T * N)`` rollout ``(L, S)`` (where its targets are)."""
+        horizon, num_envs = rollout.rewards.shape
+        length = self.config.sequence_steps()
+
+        def sequences(steps: Tensor) -> Tensor:  # (T, N, ...) -> (L, S, ...)
+            return steps.view(horizon // length, length, *steps.shape[1:]).transpose(0, 1).flatten(1, 2)
+
+        sample_index = torch.arange(horizon * num_envs, device=self.device).view(horizon, num_envs)
+        first_memory = sequences(rollout.memory)[0]
+        return (
+            sequences(rollout.obs),
+            sequences(rollout.actions),
+            sequences(rollout.episode_starts),
+            first_memory,
+            sequences(sample_index),
+        )
 
     def minibatch_indices(self, rollout: RolloutBuffer) -> list[Tensor]:
-        """One epoch's minibatches of sequences: shuffled sequence ids ``chunk * N + env`` (chunk c of a
-        sub-env's rollout is its steps ``[c * L, (c + 1) * L)``), ``minibatch_size / L`` per minibatch."""
+        """One epoch's minibatches of sequences: shuffled sequence ids (see :meth:`loss_inputs`),
+        ``minibatch_size / L`` per minibatch."""
         horizon, num_envs = rollout.rewards.shape
         length = self.config.sequence_steps()
         sequences = horizon // length * num_envs
@@ -302,30 +380,26 @@ class RecurrentPPO(PPO):
         index: Tensor,
         obs: Tensor,
         actions: Tensor,
-        memory: Tensor,
         episode_starts: Tensor,
+        first_memory: Tensor,
+        sample_index: Tensor,
     ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
-        """The loss of the sequences ``index`` (ids of :meth:`minibatch_indices`): each run through the cell
-        from its stored first memory, the first ``burn_in`` steps without gradient and out of the loss."""
-        num_envs = episode_starts.shape[1]
-        length, burn_in = self.config.sequence_steps(), self.config.burn_in
-        envs = index % num_envs  # (S,)
-        steps = (index // num_envs * length).unsqueeze(0) + torch.arange(
-            length, device=index.device
-        ).unsqueeze(1)
-        envs = envs.unsqueeze(0).expand_as(steps)  # (L, S), as steps
-        sequence_obs, starts = obs[steps, envs], episode_starts[steps, envs]  # (L, S, ...), (L, S)
-        start_memory = memory[steps[0], envs[0]]  # (S, M, H): the stored memory before each first step
+        """The loss of the sequences ``index`` (the sequences of :meth:`loss_inputs`): each run through the
+        LSTM/GRU from its stored first memory, the first ``burn_in`` steps without gradient and out of the
+        loss."""
+        burn_in = self.config.burn_in
+        sequence_obs, starts = obs[:, index], episode_starts[:, index]  # (L, S, ...), (L, S)
+        start_memory = first_memory[index]  # (S, M, H)
         if burn_in:
             with torch.no_grad():
-                _, start_memory = self.network.unroll(sequence_obs[:burn_in], start_memory, starts[:burn_in])
-        hidden, _ = self.network.unroll(sequence_obs[burn_in:], start_memory, starts[burn_in:])
+                start_memory = self.network.steps(sequence_obs[:burn_in], start_memory, starts[:burn_in])
+        hidden = self.network.unroll(sequence_obs[burn_in:], start_memory, starts[burn_in:])
         hidden = hidden.flatten(0, 1)  # ((L - burn_in) * S, H), time-major as the flat index below
-        flat = (steps[burn_in:] * num_envs + envs[burn_in:]).flatten()  # into the (T * N) targets
+        flat = sample_index[burn_in:, index].flatten()  # into the (T * N) targets
         old_log_probs, advantages, old_values, returns = targets.index_select(1, flat)
         batch = ActorCriticBatch(
-            hidden, actions[steps[burn_in:], envs[burn_in:]].flatten(0, 1), old_log_probs, advantages,
-            old_values, returns, hidden,
+            hidden, actions[burn_in:, index].flatten(0, 1), old_log_probs, advantages, old_values, returns,
+            hidden,
         )  # fmt: skip
         result = actor_critic_loss(
             self.network.policy, self.network.value, batch, self.loss_hyperparameters()
