@@ -650,3 +650,25 @@ def test_compiled_image_run_matches_the_eager_one(tmp_path):
         runs[compile] = load_agent(run_dir, "latest").algorithm
     for key, value in runs[False].policy.state_dict().items():
         torch.testing.assert_close(runs[True].policy.state_dict()[key], value, rtol=1e-4, atol=1e-4)
+
+
+def test_the_workers_compiled_acting_runs_a_shared_encoder_once():
+    """Worker.act (what --compile compiles for envs stepped outside torch) is PPO's explore with the draw
+    given: one encoder forward for the actions and the values, and the same outputs."""
+    from types import SimpleNamespace
+
+    from phalanx.train.worker import Worker
+
+    torch.manual_seed(3)
+    algorithm = PPO(PPOConfig(hidden_sizes=(16,)), IMAGE_SPACE, gym.spaces.Discrete(4), "cpu")
+    worker = Worker(SimpleNamespace(device=torch.device("cpu")), algorithm)  # act does not step the env
+    calls = []
+    algorithm.policy.encoder.register_forward_hook(lambda *_: calls.append(1))
+    obs = torch.randint(0, 256, (6, 1, 12, 12), dtype=torch.uint8)
+    noise = algorithm.policy.draw_noise(obs)
+    actions, log_probs, values = worker.act(obs, noise)
+    assert len(calls) == 1
+    expected_actions, expected_log_probs = algorithm.policy.sample(obs, noise=noise)
+    assert torch.equal(actions, expected_actions)
+    torch.testing.assert_close(log_probs, expected_log_probs)
+    torch.testing.assert_close(values, algorithm.value(obs))

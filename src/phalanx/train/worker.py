@@ -223,10 +223,9 @@ class Worker:
     @torch.no_grad()
     def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The on-policy algorithm's ``explore`` with its random draw given: ``(actions, log_probs,
-        values)`` of observations ``(N, obs_dim)``; ``noise`` is the policy's ``draw_noise(obs)``."""
-        algorithm = self.algorithm
-        actions, log_probs = algorithm.policy.sample(obs, noise=noise)  # type: ignore[union-attr]
-        return actions, log_probs, algorithm.value(obs)  # type: ignore[union-attr]
+        values)`` of observations ``(N, obs_dim)``; ``noise`` is the policy's ``draw_noise(obs)`` (a shared
+        encoder runs once for the actions and the values, as in ``explore``)."""
+        return self.algorithm.explore(obs, noise)  # type: ignore[call-arg, return-value]
 
     @torch.no_grad()
     def rollout_step(
