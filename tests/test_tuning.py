@@ -4,10 +4,12 @@ process backend, the default search spaces, bad input and the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -177,12 +179,16 @@ def _processes_in_group(group: int) -> list[str]:
 
 
 def _reported(directory: Path) -> bool:
-    """Whether a trial of the study in ``directory`` has reported a chunk's score yet."""
-    if not (directory / "study.db").is_file():
+    """Whether a trial of the study in ``directory`` has reported a chunk's score yet. Read-only SQL, not
+    Optuna: opening the storage with Optuna creates its tables when they are missing, which raced the
+    tune process creating them (a CI failure: "table studies already exists")."""
+    path = directory / "study.db"
+    if not path.is_file():
         return False
     try:
-        return any(t.intermediate_values for t in load_study(directory).trials)
-    except KeyError:  # the storage is there, the study not yet
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)) as db:
+            return db.execute("SELECT COUNT(*) FROM trial_intermediate_values").fetchone()[0] > 0
+    except sqlite3.OperationalError:  # the tables are not there yet, or the file is locked
         return False
 
 

@@ -29,6 +29,7 @@ import difflib
 import io
 import math
 import os
+import time
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -461,12 +462,7 @@ class Tuning:
         optuna = self.optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            study = optuna.create_study(
-                storage=self.storage,
-                study_name=self.study_name,
-                direction="maximize",
-                load_if_exists=True,
-            )
+            study = self._create_or_load_study()
         except Exception as error:  # noqa: BLE001 - whatever the storage's driver raises
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConfigError(
@@ -510,6 +506,24 @@ class Tuning:
             else optuna.pruners.NopPruner()
         )
         return study
+
+    def _create_or_load_study(self, attempts: int = 4) -> Any:
+        """optuna.create_study, again after a pause when it fails: two tune commands sharing one new
+        storage (or a reader of it) can race to create its tables, and the loser's error ("table
+        studies already exists", "UNIQUE constraint failed") is gone on the second try."""
+        for attempt in range(attempts):
+            try:
+                return self.optuna.create_study(
+                    storage=self.storage,
+                    study_name=self.study_name,
+                    direction="maximize",
+                    load_if_exists=True,
+                )
+            except Exception:  # noqa: BLE001 - the driver's errors; the last one is raised
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.25 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def ended(self, study: Any) -> list[Any]:
         states = tuple(getattr(self.optuna.trial.TrialState, state) for state in TRIAL_STATES_ENDED)
