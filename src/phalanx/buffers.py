@@ -388,7 +388,10 @@ class ReplayBuffer:
         action_dtype: torch.dtype,
         device: str | torch.device,
         obs_dtype: torch.dtype = torch.float32,
+        members: int = 1,
     ) -> None:
+        """``members``: the buffer holds a population's members' transitions together (the memory
+        check's error then says to use fewer members)."""
         self.device = torch.device(device)
         self.num_envs = num_envs
         self.slots = max(capacity // num_envs, 1)
@@ -402,6 +405,7 @@ class ReplayBuffer:
             self.obs_shape,
             self.action_shape,
             self.device,
+            members,
         )
         shape = (self.slots, num_envs)
         self.obs = torch.zeros(*shape, *self.obs_shape, dtype=obs_dtype, device=self.device)
@@ -483,17 +487,42 @@ def transition_bytes(action_shape: tuple, action_dtype: torch.dtype) -> int:
     return action_dtype.itemsize * math.prod(action_shape) + 4 + 1 + 1
 
 
+MEMORY_HEADROOM = 0.9
+"""A replay buffer may take at most this fraction of the memory available when it is allocated: the rest
+is left for the networks, the envs and the other processes."""
+
+
 def check_memory(
-    needed: int, capacity: int, obs_shape: tuple, action_shape: tuple, device: torch.device
+    needed: int,
+    capacity: int,
+    obs_shape: tuple,
+    action_shape: tuple,
+    device: torch.device,
+    members: int = 1,
 ) -> None:
-    """A ConfigError with the fix where a replay buffer of ``needed`` bytes would not fit on ``device``."""
+    """A ConfigError with the fix where a replay buffer of ``needed`` bytes would not fit on ``device``
+    (the memory available now: RAM on the CPU, free device memory on CUDA), checked before allocating
+    it. ``members``: a population's members share the buffer, ``capacity / members`` transitions each."""
     available = available_memory(device)
-    if available is not None and needed > 0.9 * available:
-        raise ConfigError(
-            f"a replay buffer of {capacity:,} transitions (obs {obs_shape}, actions "
-            f"{action_shape}) needs {needed / 2**30:.2f} GiB on {device}, but only "
-            f"{available / 2**30:.2f} GiB is available. Lower --buffer-size (or use another device)."
+    if available is None or needed <= MEMORY_HEADROOM * available:
+        return
+    per_transition = needed / capacity
+    fits = int(MEMORY_HEADROOM * available / per_transition)
+    if members > 1:
+        what = f"{members} members x {capacity // members:,} transitions"
+        fix = (
+            f"lower --buffer-size to at most {fits // members:,} transitions per member, or use fewer "
+            f"members (at most {max(fits // max(capacity // members, 1), 0):,} at this buffer size)"
         )
+    else:
+        what = f"{capacity:,} transitions"
+        fix = f"lower --buffer-size to at most {fits:,} transitions"
+    raise ConfigError(
+        f"a replay buffer of {what} (obs {obs_shape}, actions {action_shape}, {per_transition:,.0f} bytes "
+        f"each) needs {needed / 2**30:.2f} GiB on {device}, but only {available / 2**30:.2f} GiB is "
+        f"available ({needed:,} bytes needed, {available:,} available, of which a replay buffer may take "
+        f"{MEMORY_HEADROOM:.0%}). Fix: {fix}, or train on a device with more memory."
+    )
 
 
 def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner: str) -> None:

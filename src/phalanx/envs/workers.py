@@ -35,6 +35,7 @@ from phalanx.envs.core import (
     unsupported_space,
 )
 from phalanx.envs.gymnasium_ids import GYMNASIUM_EXTRAS, gymnasium_unavailable
+from phalanx.envs.mujoco_warnings import gymnasium_model_warnings_silenced
 from phalanx.errors import EnvError
 from phalanx.pool import OK, Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, copy_out, frame
 
@@ -107,7 +108,11 @@ def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> gym.Env:
     if unavailable is not None:
         raise EnvError(f"Environment {name!r} cannot run in phalanx: {unavailable}.")
     try:
-        inner = gym.make(env, **make_kwargs) if isinstance(env, str) else env(**make_kwargs)
+        if isinstance(env, str):
+            with gymnasium_model_warnings_silenced(env):  # MuJoCo's deprecations of Gymnasium's XML
+                inner = gym.make(env, **make_kwargs)
+        else:
+            inner = env(**make_kwargs)
     except EnvError:
         raise
     except (gym.error.DependencyNotInstalled, ImportError) as error:

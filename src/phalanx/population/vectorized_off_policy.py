@@ -245,6 +245,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
             torch.float32,
             self.device,
             observation_dtype(self.observation_space),
+            members=self.num_members,
         )
         self.updates_owed = 0.0
 
