@@ -58,6 +58,7 @@ def test_phalanx_runs_the_v4_id_with_the_v5_preset(vs_cleanrl, algo, tmp_path):
         assert "--learning-starts" not in arguments  # SAC's warm-up only
 
 
+@pytest.mark.filterwarnings("ignore:The field .* is annotated with type:UserWarning")  # CleanRL's Args
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_cleanrl_scripts_accept_the_flags_given(vs_cleanrl, algo, monkeypatch):
     tyro = pytest.importorskip("tyro")
