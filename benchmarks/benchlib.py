@@ -420,6 +420,31 @@ def run_process(
     return code, log.read_text(), time.perf_counter() - start
 
 
+def run_process_timed(
+    command: list[str], log: Path, cwd: Path | None = None, environment: dict[str, str] | None = None
+) -> tuple[int, list[tuple[float, str]], float]:
+    """:func:`run_process`, each line of output timed as it arrives (unbuffered): (exit code, [(seconds
+    since the start, line)], seconds to the exit). A peer's prints then give its own clock's timeline."""
+    print(f"  running, output in {log}", flush=True)
+    lines: list[tuple[float, str]] = []
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(environment or {})},
+            text=True,
+        )
+        for line in process.stdout:
+            lines.append((time.perf_counter() - start, line.rstrip("\n")))
+            handle.write(line)
+            handle.flush()
+        code = process.wait()
+    return code, lines, time.perf_counter() - start
+
+
 def run_child(command: list[str], log: Path, environment: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``command`` (a benchmark script with --child); its result is the JSON on its line starting
     RESULT."""
