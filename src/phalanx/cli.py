@@ -551,6 +551,8 @@ def cmd_envs(argv: list[str]) -> int:
     lines += [
         "EnvPool ids (phalanx[envpool]):",
         wrapped("envpool:<id>, e.g. envpool:Pong-v5, envpool:Ant-v5"),
+        "MuJoCo Playground ids (phalanx[playground]; docs/playground.md):",
+        wrapped("playground:<EnvName>, the DM Control Suite tasks, e.g. playground:CheetahRun"),
     ]
     multi_agent = list_multi_agent_envs()
     lines.append("multi-agent envs (mappo, ippo, qmix, vdn, maddpg, matd3):")
