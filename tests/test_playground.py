@@ -98,7 +98,7 @@ def test_spaces_and_time_limit_in_agent_steps():
     assert env.single_action_space.shape == (6,)
     assert np.all(env.single_action_space.low == -1) and np.all(env.single_action_space.high == 1)
     assert env.max_episode_steps == 334  # 1000 simulator steps, 3 per agent step: Playground stops at 1002
-    assert env.config.impl == "jax"
+    assert env.config.impl == "warp"  # Playground 0.2's own choice for the DM Control tasks
     assert repr(env) == "PlaygroundVecEnv('CheetahRun', num_envs=3, device=cpu)"
 
 
@@ -131,7 +131,7 @@ def test_truncates_at_episode_length_with_the_final_observation(cartpole):
     assert torch.equal(info["_final_obs"], torch.ones(4, dtype=torch.bool))
     assert torch.allclose(info["final_obs"], previous, atol=0.1)  # the last state, one small step on
     assert not torch.allclose(info["final_obs"], obs)  # obs is the next episode's first observation
-    assert torch.allclose(info["episode_length"], torch.full((4,), float(EPISODE_LENGTH)))
+    assert info["episode_length"].tolist() == [EPISODE_LENGTH] * 4
     obs, _, _, truncated, _ = cartpole.step(actions)
     assert not truncated.any()  # the new episodes run on
 
@@ -148,3 +148,26 @@ def test_state_dict_resumes_the_same_trajectory(cartpole):
     again = [cartpole.step(action)[:2] for action in actions[7:]]
     for (obs, reward), (obs_again, reward_again) in zip(first, again, strict=True):
         assert torch.equal(obs, obs_again) and torch.equal(reward, reward_again)
+
+
+@pytest.mark.slow
+def test_ppo_runs_on_a_playground_task(tmp_path):
+    import phalanx
+
+    torch.set_num_threads(1)
+    config = phalanx.make_config(
+        "ppo",
+        "playground:CartpoleBalance",
+        num_envs=16,
+        total_steps=16 * 32 * 4,
+        horizon=32,
+        minibatch_size=128,
+        eval_every=0,
+        eval_episodes=2,
+        run_dir=str(tmp_path / "run"),
+        seed=0,
+    )
+    summary = phalanx.train(config).summary
+    assert summary["total_steps"] == 2048 and summary["error"] is None
+    assert summary["eval_episodes"] == 2
+    assert 0 < summary["eval_return_mean"] <= 1000  # two whole 1,000-step episodes, rewards in [0, 1]
