@@ -25,6 +25,9 @@ taken by this one command. The parts, in this order (each reuses the benchmark s
 - ``time_to_solve``: ``phalanx train ppo CartPole-v1 --stop-return 475`` and ``Pendulum-v1
   --stop-return -200`` with the shipped presets on the device (``benchlib.run_phalanx``, a subprocess
   each, as ``time_to_solve.py``), eager and compiled, seed 0.
+- ``playground``, only when ``--parts`` names it: PPO on MuJoCo Playground's CheetahRun at 4,096
+  envs for 20 rollouts (``playground_ppo.py``): env steps per second and the return reached. It needs
+  the playground extra and a CUDA build of jax on the machine, and records why when they are absent.
 
 Every part has a time box (``PART_BUDGETS``, cut to what is left of ``--budget``) and is skipped with
 a note when too little time is left; a part that runs out of time keeps the figures it took. Every
@@ -72,6 +75,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_info, markdown_table, run_phalanx, timed_steps, write_json  # noqa: E402
 
 PARTS = ("device", "env_throughput", "ppo_training", "population", "ensemble_critics", "time_to_solve")
+# Parts run only when --parts names them: ``playground`` needs the playground extra and JAX with a GPU
+# backend, which the lent machine's image may lack (jax's CUDA wheels exceed what a call can carry).
+OPTIONAL_PARTS = ("playground",)
 MODES = ("eager", "compiled")
 # Seconds each part may take at most (the suite's default budget is 530 s, under the 9 minutes a
 # lease's 10-minute command leaves after the machine's start); a part gets less when less is left.
@@ -82,6 +88,7 @@ PART_BUDGETS = {
     "population": 60.0,
     "ensemble_critics": 40.0,
     "time_to_solve": 120.0,
+    "playground": 300.0,
 }
 MIN_PART_S = 10.0  # a part with less time than this left is skipped
 # Packages phalanx needs that a bare image may lack (the lent GPU machine's does, see the docstring).
@@ -527,6 +534,35 @@ def solve_once(
     return {"settings": settings, "timeout_s": timeout, **run}
 
 
+PLAYGROUND_CASE = {"env": "CheetahRun", "num_envs": 4_096, "rollouts": 20}  # 2.46M env steps
+
+
+def playground_part(part: Part, device: str) -> None:
+    """PPO on MuJoCo Playground's CheetahRun at 4,096 envs (``playground_ppo.py``) for a short budget:
+    env steps per second, MJX compilation included and steady, and the return reached (not the 60M-step
+    run's: that one is ``playground_ppo.py --device cuda`` on its own)."""
+    row = part.plan(**PLAYGROUND_CASE)
+    missing = [name for name in ("mujoco_playground", "jax") if importlib.util.find_spec(name) is None]
+    if missing:
+        del row["not_taken"]
+        row["not_available"] = (
+            f"{', '.join(missing)} not installed: `pip install 'phalanx[playground]' 'jax[cuda12]'`"
+        )
+        return
+
+    def measure() -> dict[str, Any]:
+        import playground_ppo
+
+        total_steps = PLAYGROUND_CASE["num_envs"] * playground_ppo.PLAYGROUND_SETTINGS["horizon"]
+        arguments = ["--env", PLAYGROUND_CASE["env"], "--device", device]
+        arguments += ["--num-envs", str(PLAYGROUND_CASE["num_envs"])]
+        arguments += ["--total-steps", str(total_steps * PLAYGROUND_CASE["rollouts"])]
+        arguments += ["--json", str(Path(tempfile.mkdtemp(prefix="playground_ppo-")) / "result.json")]
+        return playground_ppo.main(arguments)["phalanx"]
+
+    part.take(row, 60.0, measure)
+
+
 # -- the report --------------------------------------------------------------------------------------
 def table(rows: list[dict[str, Any]], keys: dict[str, str], figures: dict[str, str]) -> str:
     """A markdown table of ``rows``: the columns ``keys`` name them, then their ``figures`` (header by
@@ -587,10 +623,19 @@ def tables(result: dict[str, Any]) -> str:
             {"env": "env", "mode": "mode", "threshold": "threshold"},
             {"time_to_solve_s": "time to solve s", "steps": "env steps", "last_eval_return": "last eval"},
         ),
+        "playground": (
+            {"env": "env", "num_envs": "envs"},
+            {
+                "steps_per_second": "steps/s (wall, compile included)",
+                "steady_steps_per_second": "steady steps/s",
+                "env_steps": "env steps",
+                "final_return": "final return",
+            },
+        ),
     }
-    for name in PARTS:
+    for name in PARTS + OPTIONAL_PARTS:
         section = sections.get(name, {})
-        if "rows" not in section and section.get("status", "").startswith("not requested"):
+        if "rows" not in section and section.get("status", "not requested").startswith("not requested"):
             continue
         note = section.get("note") or section.get("error") or ""
         out.append(f"\n### {name} ({section.get('status', 'not run')}{': ' + note if note else ''})\n")
@@ -654,7 +699,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--budget", type=float, default=530.0, help="seconds for the whole suite (default 530)"
     )
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS + OPTIONAL_PARTS)}"
+    )
     parser.add_argument(
         "--modes", default=None, help="eager,compiled (default; --smoke: eager): which modes to measure"
     )
@@ -662,7 +709,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
     )
     args = parser.parse_args(argv)
-    parts = parse_list(args.parts, PARTS, "--parts")
+    parts = parse_list(args.parts, PARTS + OPTIONAL_PARTS, "--parts")
     modes = parse_list(args.modes or ("eager" if args.smoke else "eager,compiled"), MODES, "--modes")
     sizes = SMOKE if args.smoke else FULL
     if args.smoke:  # tiny batches: torch's intra-op threads would only spin against each other (and CI)
@@ -680,6 +727,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "population": lambda part: population_part(part, args.device, sizes),
         "ensemble_critics": lambda part: ensemble_critics_part(part, args.device, sizes),
         "time_to_solve": lambda part: time_to_solve_part(part, args.device, sizes, modes, log_root),
+        "playground": lambda part: playground_part(part, args.device),
     }
     result: dict[str, Any] = {
         "benchmark": "gpu_suite",
@@ -698,7 +746,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sections": {name: {"status": "not requested (--parts)"} for name in PARTS if name not in parts},
     }
     path = None
-    for name in PARTS:
+    for name in PARTS + OPTIONAL_PARTS:
         if name not in parts:
             continue
         print(f"[gpu_suite] {name} ({deadline - time.perf_counter():.0f} s left)", flush=True)

@@ -551,6 +551,11 @@ def cmd_envs(argv: list[str]) -> int:
     lines += [
         "EnvPool ids (phalanx[envpool]):",
         wrapped("envpool:<id>, e.g. envpool:Pong-v5, envpool:Ant-v5"),
+        "MuJoCo Playground (phalanx[playground]):",
+        wrapped(
+            "playground:<EnvName>, the DM Control Suite tasks, e.g. playground:CheetahRun "
+            "(docs/playground.md)"
+        ),
     ]
     multi_agent = list_multi_agent_envs()
     lines.append("multi-agent envs (mappo, ippo, qmix, vdn, maddpg, matd3):")

@@ -251,6 +251,8 @@ class JaxVecEnv(VecEnv):
             fresh_state, fresh_obs = jax.vmap(self._reset_one)(reset_keys)
 
             def pick(fresh: Any, stepped: Any) -> Any:
+                if stepped.ndim == 0 or stepped.shape[0] != self.num_envs:
+                    return stepped  # a buffer the sub-envs share (MuJoCo Warp's contacts): no rows
                 rows = jnp.reshape(done, done.shape + (1,) * (stepped.ndim - 1))
                 return jnp.where(rows, fresh, stepped).astype(stepped.dtype)
 

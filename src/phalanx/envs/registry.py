@@ -6,7 +6,8 @@
 2. built-in batched simulators (``phalanx.envs.classic.CLASSIC_ENVS``, the memory tasks
    ``MEMORY_ENVS`` and ``StockTrading-v0``);
 3. ``"<backend>:<id>"`` for the imported simulators in :data:`BACKENDS`: ``gym:`` forces the
-   Gymnasium adapter, ``envpool:`` EnvPool's C++ envs, ``brax:`` and ``gymnax:`` JAX simulators;
+   Gymnasium adapter, ``envpool:`` EnvPool's C++ envs, ``brax:`` and ``gymnax:`` JAX simulators,
+   ``playground:`` MuJoCo Playground's MJX tasks (:mod:`phalanx.envs.playground`);
 4. ``ALE/<Game>-v5``: Atari games with the standard preprocessing and 4 stacked frames
    (:func:`~phalanx.envs.atari.make_atari_env`; ``gym:ALE/<Game>-v5`` gives the raw game);
 5. any other id in Gymnasium's registry, through the Gymnasium adapter.
@@ -50,6 +51,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "envpool": ("phalanx.envs.envpool:EnvPoolVecEnv", "envpool"),
     "brax": ("phalanx.envs.jax:BraxVecEnv", "jax"),
     "gymnax": ("phalanx.envs.jax:GymnaxVecEnv", "jax"),
+    "playground": ("phalanx.envs.playground:PlaygroundVecEnv", "playground"),
 }
 
 
