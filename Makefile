@@ -2,7 +2,7 @@
 # (TORCH_SPEC=... overrides), so that nothing else pulls an unpinned torch with CUDA packages.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,bench,finance,mujoco,envpool,jax,ray,marl,render,export,wandb,tune,atari
+EXTRAS ?= dev,bench,finance,mujoco,envpool,jax,ray,marl,render,export,wandb,tune,atari,playground
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
