@@ -16,10 +16,11 @@ the tables give the median over repeats, with the min.
   of 32 minibatches: GAE, 320 gradient steps, the metrics), reported per gradient step. SAC, TD3: a batch
   sampled from a filled replay buffer and ``algorithm.update`` on it (critic step; actor, temperature
   and target networks where the rule updates them), per update. Variants: eager and compiled
-  (``algorithm.compile()``; its compile time is paid in an untimed warm-up) with torch on 1 thread,
-  eager with torch's default threads (``torch.get_num_threads()`` at start: the cores), and eager with
-  torch's own ``Optimizer.step`` (the step before :meth:`phalanx.optim.FlatAdam.step` called the fused
-  kernel directly). Wall milliseconds and this process's CPU milliseconds per gradient step.
+  (``algorithm.compile()``; its compile time is paid in an untimed warm-up), and eager with torch's own
+  ``Optimizer.step`` (the step before :meth:`phalanx.optim.FlatAdam.step` called the fused
+  kernel directly), all with torch on 1 thread (threads are compared in part ``run``, each run in a
+  process of its own: switching one process between thread counts slows its OpenMP pool far more than
+  either count alone). Wall milliseconds and this process's CPU milliseconds per gradient step.
 - ``run``: ``phalanx train ALGO ENV`` with the shipped preset in a fresh process per run, at a short
   budget (PPO 20,480 env steps, 10 updates; SAC and TD3 --learning-starts 2,000 --total-steps 4,000,
   2,000 updates), evaluated once at the end (1 episode). Variants: the preset as shipped (its
@@ -70,7 +71,7 @@ from phalanx.registry import get_algorithm  # noqa: E402
 ENV_ID = "HalfCheetah-v5"
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5's observation and action sizes
 ALGOS = ("ppo", "sac", "td3")
-STEP_VARIANTS = ("eager", "compiled", "eager, default threads", "eager, torch Optimizer.step")
+STEP_VARIANTS = ("eager", "compiled", "eager, torch Optimizer.step")
 RUN_VARIANTS: dict[str, list[str]] = {
     "preset as shipped": [],
     "1 thread": ["--torch-threads", "1"],
@@ -144,7 +145,7 @@ def off_policy_update(algorithm: Any, config: phalanx.TrainConfig) -> tuple[Call
     return update, 1
 
 
-def step_variant(algo: str, variant: str, default_threads: int) -> dict[str, Any]:
+def step_variant(algo: str, variant: str) -> dict[str, Any]:
     """The algorithm, its update closure and the settings one variant runs with."""
     algorithm, config = build_algorithm(algo)
     if variant == "compiled":
@@ -154,14 +155,12 @@ def step_variant(algo: str, variant: str, default_threads: int) -> dict[str, Any
     return {
         "update": update,
         "gradient_steps": gradient_steps,
-        "threads": default_threads if variant == "eager, default threads" else 1,
         "torch_optimizer_step": variant == "eager, torch Optimizer.step",
     }
 
 
 def time_updates(setup: dict[str, Any], seconds: float) -> tuple[float, float]:
     """Updates for at least ``seconds``: (wall ms, CPU ms of this process) per gradient step."""
-    torch.set_num_threads(setup["threads"])
     fast_step = FlatAdam.step
     if setup["torch_optimizer_step"]:
         FlatAdam.step = FlatAdam.torch_step  # type: ignore[method-assign]
@@ -179,12 +178,12 @@ def time_updates(setup: dict[str, Any], seconds: float) -> tuple[float, float]:
 
 
 def step_part(algos: list[str], repeats: int, seconds: float) -> list[dict[str, Any]]:
-    default_threads = torch.get_num_threads()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     results = []
     for algo in algos:
-        setups = {variant: step_variant(algo, variant, default_threads) for variant in STEP_VARIANTS}
+        setups = {variant: step_variant(algo, variant) for variant in STEP_VARIANTS}
         for setup in setups.values():  # warm-up: the compiled variant compiles here, untimed
-            torch.set_num_threads(setup["threads"])
             for _ in range(3):
                 setup["update"]()
         samples: dict[str, list[tuple[float, float]]] = {variant: [] for variant in STEP_VARIANTS}
@@ -194,7 +193,6 @@ def step_part(algos: list[str], repeats: int, seconds: float) -> list[dict[str, 
             )
             for variant in order:
                 samples[variant].append(time_updates(setups[variant], seconds))
-        torch.set_num_threads(default_threads)
         for variant in STEP_VARIANTS:
             walls = [wall for wall, _ in samples[variant]]
             cpus = [cpu for _, cpu in samples[variant]]
@@ -202,7 +200,6 @@ def step_part(algos: list[str], repeats: int, seconds: float) -> list[dict[str, 
                 {
                     "algo": algo,
                     "variant": variant,
-                    "threads": setups[variant]["threads"],
                     "wall_ms_median": statistics.median(walls),
                     "wall_ms_min": min(walls),
                     "cpu_ms_median": statistics.median(cpus),
@@ -211,6 +208,7 @@ def step_part(algos: list[str], repeats: int, seconds: float) -> list[dict[str, 
                 }
             )
         print(step_table([r for r in results if r["algo"] == algo]), flush=True)
+    torch.set_num_threads(threads)
     return results
 
 
@@ -219,14 +217,13 @@ def step_table(results: list[dict[str, Any]]) -> str:
         [
             r["algo"],
             r["variant"],
-            r["threads"],
             r["wall_ms_median"],
             r["wall_ms_min"],
             r["cpu_ms_median"],
         ]
         for r in results
     ]
-    header = ["algo", "variant", "threads", "wall ms/step (median)", "wall ms (min)", "CPU ms/step (median)"]
+    header = ["algo", "variant", "wall ms/step (median)", "wall ms (min)", "CPU ms/step (median)"]
     return markdown_table(header, rows)
 
 
