@@ -79,7 +79,7 @@ RUN_VARIANTS: dict[str, list[str]] = {
     "1 thread, compiled": ["--torch-threads", "1", "--compile"],
     "1 thread, pipeline": ["--torch-threads", "1", "--pipeline"],
 }
-ON_POLICY_ONLY_MISSING = ("1 thread, pipeline",)  # --pipeline is for the off-policy algorithms
+OFF_POLICY_ONLY = ("1 thread, pipeline",)  # --pipeline is for the off-policy algorithms
 RUN_BUDGETS = {
     "ppo": ["--total-steps", "20480"],
     "off-policy": ["--learning-starts", "2000", "--total-steps", "4000"],
@@ -291,7 +291,7 @@ def run_part(algos: list[str], repeats: int, quick: bool, timeout: float) -> lis
     with tempfile.TemporaryDirectory(prefix="mujoco-speed-") as directory:
         log_dir = Path(directory)
         for algo in algos:
-            variants = [v for v in RUN_VARIANTS if not (algo == "ppo" and v in ON_POLICY_ONLY_MISSING)]
+            variants = [v for v in RUN_VARIANTS if not (algo == "ppo" and v in OFF_POLICY_ONLY)]
             samples: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
             for repeat in range(repeats):
                 order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
