@@ -49,6 +49,41 @@ def test_flat_optimizer_steps_as_torch_per_tensor(flat_class, torch_class, kwarg
     assert flat.flat.parameter.data_ptr() == next(net.parameters()).data_ptr()
 
 
+def test_flat_adam_step_is_torch_fused_adam_bit_for_bit_and_keeps_the_step_hooks() -> None:
+    """FlatAdam's step calls the fused kernel itself (no torch step wrapper): the same bits as a torch
+    fused Adam over the same one flat tensor, a changed learning rate included; with a step hook
+    registered it is torch's own step, which calls the hook."""
+    net, reference = _nets()
+    flat = FlatAdam(list(net.parameters()), lr=1e-2, eps=1e-5)
+    reference_flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in reference.parameters()]))
+    fused = torch.optim.Adam([reference_flat], lr=1e-2, eps=1e-5, fused=True)
+    for step in range(12):
+        if step == 6:
+            for optimizer in (flat, fused):
+                optimizer.param_groups[0]["lr"] = 3e-3
+        flat.zero_grad()
+        _loss(net, step).backward()
+        flat.step()
+        reference.zero_grad()
+        _loss(reference, step).backward()
+        reference_flat.grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        fused.step()
+        with torch.no_grad():  # the reference modules follow their flat copy
+            offset = 0
+            for p in reference.parameters():
+                p.copy_(reference_flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+    assert torch.equal(flat.flat.parameter.detach(), reference_flat.detach())
+    for name in ("exp_avg", "exp_avg_sq", "step"):
+        assert torch.equal(flat.state[flat.flat.parameter][name], fused.state[reference_flat][name])
+    calls = []
+    handle = flat.register_step_post_hook(lambda *_: calls.append(1))
+    flat.step()
+    handle.remove()
+    flat.step()
+    assert calls == [1]
+
+
 def test_gradients_replaced_by_module_zero_grad_are_not_lost() -> None:
     """``module.zero_grad()`` sets gradients to None and backward allocates new ones: the step must
     still see them, exactly as if the optimiser had zeroed its buffer."""
