@@ -141,9 +141,9 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
         if (
             closure is not None
             or not state
-            or not group["fused"]
+            or not group.get("fused")
             or group["amsgrad"]
-            or group["decoupled_weight_decay"]
+            or group.get("decoupled_weight_decay", False)  # a group key since torch 2.6
             or self._optimizer_step_pre_hooks
             or self._optimizer_step_post_hooks
             or torch_optimizer._global_optimizer_pre_hooks
