@@ -287,8 +287,10 @@ def phalanx_arguments(
     threads: int,
     config: Path,
     run_dir: Path,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """The ``phalanx train`` flags of a run: the preset (``config``), then the comparison's settings."""
+    """The ``phalanx train`` flags of a run: the preset (``config``), then the comparison's settings, then
+    ``extra`` (``--phalanx-flags``, e.g. ``--compile``)."""
     arguments = [
         "train",
         algo,
@@ -308,7 +310,7 @@ def phalanx_arguments(
         arguments += ["--learning-starts", str(learning_starts)]
     if eval_every is not None:
         arguments += ["--eval-every", str(eval_every)]
-    return arguments
+    return arguments + list(extra)
 
 
 def read_table(path: Path) -> list[dict[str, float]]:
@@ -370,12 +372,13 @@ def run_phalanx(
     eval_every: int | None,
     threads: int,
     out: Path,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     run_dir = out / run_name("phalanx", algo, env, seed)
     shutil.rmtree(run_dir, ignore_errors=True)  # what an interrupted attempt left
     config = write_preset_config(algo, env, out)
     arguments = phalanx_arguments(
-        algo, env, seed, steps, learning_starts, eval_every, threads, config, run_dir
+        algo, env, seed, steps, learning_starts, eval_every, threads, config, run_dir, extra
     )
     command = [sys.executable, "-m", "phalanx.cli", *arguments]
     log = out / f"{run_dir.name}.log"
@@ -588,7 +591,12 @@ def summary_table(summary: dict[str, dict[str, Any]]) -> str:
 
 
 def settings_of(
-    algo: str, steps: int, learning_starts: int | None, eval_every: int | None, threads: int
+    algo: str,
+    steps: int,
+    learning_starts: int | None,
+    eval_every: int | None,
+    threads: int,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """What a pair of runs depends on besides its env and seed: a run recorded with other settings is run
     again when resuming."""
@@ -597,6 +605,7 @@ def settings_of(
         "learning_starts": learning_starts if algo == "sac" else None,
         "eval_every": eval_every,
         "threads": threads,
+        "phalanx_flags": list(extra),
         "peer_packages": PEER_PACKAGES,
     }
 
@@ -641,6 +650,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "on a busy 2-core machine 1 is faster for these small networks)",
     )
     parser.add_argument(
+        "--phalanx-flags",
+        default="",
+        help="more `phalanx train` flags for phalanx's runs, e.g. --phalanx-flags=--compile",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results JSON (default benchmarks/results/vs_cleanrl-<date>.json)"
     )
     parser.add_argument("--child", choices=["env-check"], help=argparse.SUPPRESS)
@@ -651,6 +665,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("RESULT " + json.dumps(child_env_check(args.envs[0], args.seeds[0], ENV_CHECK_STEPS)))
         return {}
     steps = parse_steps(args.steps, args.algos)
+    extra = tuple(shlex.split(args.phalanx_flags))
     output = args.output or RESULTS_DIR / f"vs_cleanrl-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     out = output.with_suffix("")  # the runs' directories and logs
     out.mkdir(parents=True, exist_ok=True)
@@ -689,7 +704,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_results(results, output)
 
     for algo in args.algos:
-        settings = settings_of(algo, steps[algo], args.learning_starts, args.eval_every, args.threads)
+        settings = settings_of(algo, steps[algo], args.learning_starts, args.eval_every, args.threads, extra)
         for env in args.envs:
             for seed in args.seeds:
                 key = f"{algo} {env} s{seed}"
@@ -708,7 +723,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
                 print(f"== {key}: phalanx, {steps[algo]:,} env steps", flush=True)
                 phalanx = run_phalanx(
-                    algo, env, seed, steps[algo], args.learning_starts, args.eval_every, args.threads, out
+                    algo,
+                    env,
+                    seed,
+                    steps[algo],
+                    args.learning_starts,
+                    args.eval_every,
+                    args.threads,
+                    out,
+                    extra,
                 )
                 pair = {"algo": algo, "env": env, "seed": seed, "settings": settings}
                 pair.update(cleanrl=cleanrl, phalanx=phalanx, **compare(cleanrl, phalanx))
