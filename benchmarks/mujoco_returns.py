@@ -67,6 +67,8 @@ from benchlib import (  # noqa: E402
 )
 from mujoco_references import MISSING, references, steps_text  # noqa: E402
 
+from phalanx.train.checkpoint import CheckpointManager  # noqa: E402
+
 ALGOS = ("ppo", "sac", "td3")
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")
 SEEDS = (1, 2, 3)
@@ -178,8 +180,9 @@ def resume_command(run_dir: Path, budget: int) -> list[str]:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(checkpoints.iterdir())
+    """Whether ``phalanx resume`` has a step checkpoint to continue from (``checkpoints/best`` alone is not
+    one: it holds the best evaluation's state, not the run's latest)."""
+    return CheckpointManager(run_dir).latest() is not None
 
 
 def plan_run(run: RunResult, budget: int) -> str:

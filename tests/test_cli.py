@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,17 @@ def test_train_eval_resume_round_trip(tmp_path, capsys):
     code, out = run_cli(capsys, "resume", str(run), "--total-steps", "2048")
     assert code == 0, out
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 2048
+
+
+def test_resume_without_a_step_checkpoint_says_why_best_is_not_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))[0] == 0
+    for step in (run / "checkpoints").glob("step_*"):  # as a run killed before its first checkpoint
+        shutil.rmtree(step)
+    assert (run / "checkpoints" / "best").is_dir()
+    code, out = run_cli(capsys, "resume", str(run), "--total-steps", "2048")
+    assert code == 2 and "has no checkpoint to resume from" in out
+    assert "checkpoints/best is the best evaluation's weights" in out and "phalanx train" in out
 
 
 def test_train_and_resume_exit_1_when_stop_return_is_not_reached(tmp_path, capsys):

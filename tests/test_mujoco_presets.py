@@ -19,6 +19,7 @@ from phalanx.cli import parse_train_args
 from phalanx.config import make_config, presets
 from phalanx.envs.mujoco_warnings import SILENCED, forward_warning, is_gymnasium_mujoco
 from phalanx.errors import ConfigError
+from phalanx.train.checkpoint import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
 MUJOCO_ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")
@@ -276,7 +277,13 @@ def test_runs_are_read_planned_and_compared_with_references_at_their_budget(retu
     assert (runs[2].steps, runs[2].final_training) == (100_000, 10.0)
     assert [returns.plan_run(r, 300_000) for r in runs] == ["skip", "skip", "stuck", "train"]
     assert returns.plan_run(runs[0], 1_000_000) == "stuck"  # no checkpoint to continue from
-    (runs_dir / "td3-HalfCheetah-v5-s1" / "checkpoints" / "step_300000").mkdir(parents=True)
+    checkpoints = runs_dir / "td3-HalfCheetah-v5-s1" / "checkpoints"
+    (checkpoints / "best").mkdir(parents=True)
+    (checkpoints / "best" / STATE).write_bytes(b"")
+    assert returns.plan_run(runs[0], 1_000_000) == "stuck"  # the best evaluation's state is not the latest
+    (checkpoints / "step_300000").mkdir()
+    assert returns.plan_run(runs[0], 1_000_000) == "stuck"  # half-written: no state file yet
+    (checkpoints / "step_300000" / STATE).write_bytes(b"")
     assert returns.plan_run(runs[0], 1_000_000) == "resume"
 
     result = returns.summarize("td3", "HalfCheetah-v5", 300_000, runs[:3])

@@ -52,7 +52,9 @@ def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None)
     latest = CheckpointManager(run_dir).latest()
     if latest is None:
         raise CheckpointError(
-            f"run directory {str(run_dir)!r} has no checkpoint to resume from (checkpoints/ is empty). "
+            f"run directory {str(run_dir)!r} has no checkpoint to resume from: no complete "
+            "checkpoints/step_<n> (checkpoints/best is the best evaluation's weights, not the latest state; "
+            "a run killed before its first --checkpoint-every step, or without one, leaves none). "
             "Start a new run with `phalanx train` instead."
         )
     state = load_checkpoint(latest, map_location=config.device if config.num_learners == 1 else "cpu")
