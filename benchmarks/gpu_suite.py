@@ -553,7 +553,7 @@ def playground_part(part: Part, device: str) -> None:
     def measure() -> dict[str, Any]:
         import playground_ppo
 
-        total_steps = PLAYGROUND_CASE["num_envs"] * playground_ppo.PLAYGROUND_SETTINGS["horizon"]
+        total_steps = PLAYGROUND_CASE["num_envs"] * playground_ppo.BRAX_PPO["unroll_length"]
         arguments = ["--env", PLAYGROUND_CASE["env"], "--device", device]
         arguments += ["--num-envs", str(PLAYGROUND_CASE["num_envs"])]
         arguments += ["--total-steps", str(total_steps * PLAYGROUND_CASE["rollouts"])]

@@ -8,8 +8,11 @@ and learning checks compile one small env once (a module-scoped fixture) and are
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +29,7 @@ from phalanx.envs.playground import PlaygroundVecEnv, playground_envs  # noqa: E
 from phalanx.errors import EnvError  # noqa: E402
 
 EPISODE_LENGTH = 25
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
@@ -90,6 +94,59 @@ def test_without_the_extra_the_error_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mujoco_playground", None)
     with pytest.raises(EnvError, match=r"pip install 'phalanx\[playground\]'"):
         make_env("playground:CheetahRun", 2)
+
+
+@pytest.fixture(scope="module")
+def playground_ppo():
+    """benchmarks/playground_ppo.py, loaded as a module (its training imports happen only in ``run``)."""
+    spec = importlib.util.spec_from_file_location("playground_ppo", BENCHMARKS / "playground_ppo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["playground_ppo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_records_playgrounds_brax_ppo_config_for_every_task(playground_ppo):
+    from brax.training.agents.ppo import networks
+    from flax import linen
+    from mujoco_playground.config import dm_control_suite_params
+
+    for name in dm_control_suite.ALL_ENVS:
+        recorded = playground_ppo.brax_ppo_config(name)
+        shipped = dm_control_suite_params.brax_ppo_config(name)
+        for field in ("num_envs", "num_timesteps", "unroll_length", "batch_size", "num_minibatches"):
+            assert recorded[field] == shipped[field], (name, field)
+        for field in ("num_updates_per_batch", "discounting", "learning_rate", "entropy_cost"):
+            assert recorded[field] == shipped[field], (name, field)
+        for field in ("action_repeat", "reward_scaling", "normalize_observations"):
+            assert recorded[field] == shipped[field], (name, field)
+        assert "network_factory" not in shipped  # so the networks are Brax's defaults
+    defaults = inspect.signature(networks.make_ppo_networks).parameters
+    config = playground_ppo.BRAX_PPO
+    assert tuple(defaults["policy_hidden_layer_sizes"].default) == config["policy_hidden_layer_sizes"]
+    assert tuple(defaults["value_hidden_layer_sizes"].default) == config["value_hidden_layer_sizes"]
+    assert config["activation"] == "swish" and defaults["activation"].default is linen.swish  # = silu
+    # the paper's Table IV has a PPO throughput for every DM Control task Playground registers
+    assert set(playground_ppo.PPO_STEPS_PER_SECOND) == set(dm_control_suite.ALL_ENVS)
+
+
+def test_benchmark_runs_the_tasks_playground_settings(playground_ppo):
+    finger = playground_ppo.plan(playground_ppo.parse(["--env", "FingerSpin", "--device", "cuda"]))
+    assert (finger["gamma"], finger["total_steps"], finger["num_envs"]) == (0.95, 60_000_000, 4_096)
+    # Brax's minibatch of batch_size x unroll_length = 1,024 x 30 samples, 16 passes
+    assert (finger["horizon"], finger["minibatch_size"], finger["epochs"]) == (30, 30_720, 16)
+    walker = playground_ppo.plan(playground_ppo.parse(["--env", "WalkerRun", "--device", "cuda"]))
+    assert (walker["gamma"], walker["total_steps"]) == (0.995, 100_000_000)
+    on_cpu = playground_ppo.plan(playground_ppo.parse(["--env", "WalkerRun", "--total-steps", "3840"]))
+    assert (on_cpu["total_steps"], on_cpu["num_envs"], on_cpu["minibatch_size"]) == (3_840, 64, 480)
+    table = playground_ppo.settings_table("FingerSpin", finger)
+    assert "| discount | 0.95 (discounting) | 0.95 |" in table
+    assert (
+        "| env steps per update | 983,040 (batch_size x num_minibatches x unroll_length) | 122,880" in table
+    )
+    assert playground_ppo.reference("CheetahRun")["steps_per_second"] == 435_162
+    assert playground_ppo.reference("CheetahRun")["final_return"] is None  # the paper plots it only
+    assert playground_ppo.reference("NoSuchTask") is None
 
 
 def test_spaces_and_time_limit_in_agent_steps():
