@@ -154,6 +154,17 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, interrupt_update):
     assert phalanx.resume(trainer.run_dir, show_progress=False).summary["total_steps"] >= 2_000
 
 
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_metrics_csv_ends_with_the_runs_last_step(tmp_path, algo):
+    """log_every = 700 divides no iteration's end: the steps after the last log step get a row at the end."""
+    from phalanx.train.logging import read_table
+
+    result = phalanx.train(marl_config(tmp_path, algo=algo, log_every=700), show_progress=False)
+    steps = [row["steps"] for row in read_table(result.run_dir / "metrics.csv")]
+    assert steps[-1] == result.summary["total_steps"] >= 2_000
+    assert steps == sorted(set(steps)) and len(steps) == 4  # the first iteration's, 2 log steps, the last
+
+
 def test_deployed_agent_reproduces_the_evaluation_and_acts_on_raw_observations(tmp_path):
     result = phalanx.train(
         marl_config(tmp_path, env="simple_spread_continuous", eval_every=1_000), show_progress=False
