@@ -154,6 +154,17 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, interrupt_update):
     assert phalanx.resume(trainer.run_dir, show_progress=False).summary["total_steps"] >= 2_000
 
 
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_metrics_csv_ends_with_the_runs_last_step(tmp_path, algo):
+    """log_every = 700 divides no iteration's end: the steps after the last log step get a row at the end."""
+    from phalanx.train.logging import read_table
+
+    result = phalanx.train(marl_config(tmp_path, algo=algo, log_every=700), show_progress=False)
+    steps = [row["steps"] for row in read_table(result.run_dir / "metrics.csv")]
+    assert steps[-1] == result.summary["total_steps"] >= 2_000
+    assert steps == sorted(set(steps)) and len(steps) == 4  # the first iteration's, 2 log steps, the last
+
+
 def test_deployed_agent_reproduces_the_evaluation_and_acts_on_raw_observations(tmp_path):
     result = phalanx.train(
         marl_config(tmp_path, env="simple_spread_continuous", eval_every=1_000), show_progress=False
@@ -170,6 +181,16 @@ def test_deployed_agent_reproduces_the_evaluation_and_acts_on_raw_observations(t
     with agent.frames(max_steps=30) as episode:
         frames = list(episode)
     assert episode.name == "simple_spread_continuous" and len(frames) == 26 and frames[0].dtype == np.uint8
+
+
+def test_multi_agent_replay_that_does_not_fit_is_refused_with_bytes_and_fix(monkeypatch):
+    spec = MultiAgentSpec.of(SimpleTag(num_envs=4))  # two groups of different observation sizes
+    memory = MultiAgentReplayBuffer.memory(40, 4, spec, "cpu")
+    assert memory.needed == MultiAgentReplayBuffer(40, 4, spec, "cpu").nbytes
+    monkeypatch.setattr("phalanx.buffers.available_memory", lambda device: 2**20)
+    fits = int(0.9 * 2**20 / memory.per_transition)
+    with pytest.raises(ConfigError, match=rf"adversary: 3 agents.*lower --buffer-size to at most {fits:,} "):
+        MultiAgentReplayBuffer(10**6, 4, spec, "cpu")
 
 
 def test_multi_agent_replay_buffer_samples_stored_transitions():

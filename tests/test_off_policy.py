@@ -124,3 +124,26 @@ def test_metrics_csv_gets_the_losses_that_start_after_the_warm_up(tmp_path):
     assert rows[0]["critic_loss"] == ""  # logged during the warm-up, before any update
     assert any(row["critic_loss"] and row["alpha"] for row in rows[1:])
     assert all(row["steps"] for row in rows)
+
+
+@pytest.mark.parametrize("algo, env", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_metrics_csv_ends_with_the_runs_last_step(tmp_path, algo, env):
+    """log_every = 150 does not divide the 400 steps (VecEnv steps of 4): the last row is the last step."""
+    from phalanx.train.logging import read_table
+
+    result = phalanx.train(config(tmp_path, algo, env, log_every=150), show_progress=False)
+    steps = [row["steps"] for row in read_table(result.run_dir / "metrics.csv")]
+    assert steps == [4, 152, 300, 400] and result.summary["total_steps"] == 400
+
+
+@pytest.mark.parametrize("algo, env", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_replay_memory_is_what_the_trainers_buffer_takes(tmp_path, algo, env):
+    """Trainer.replay_memory counts, without building the run, the bytes its replay buffer then holds."""
+    run = config(tmp_path, algo, env, buffer_size=1002)  # not a multiple of the 4 sub-envs
+    memory = Trainer.replay_memory(run)
+    trainer = Trainer(run, show_progress=False)
+    try:
+        assert (memory.needed, memory.capacity) == (trainer.buffer.nbytes, trainer.buffer.capacity)
+    finally:
+        trainer.close()
+    assert Trainer.replay_memory(phalanx.make_config("ppo", "CartPole-v1")) is None  # a rollout, no replay

@@ -116,6 +116,67 @@ def test_resources_too_small_fail_before_any_training(tmp_path):
     assert not directory.exists()
 
 
+def sac_population(directory: Path, backend: str, **resources) -> PopulationConfig:
+    """4 SAC members of 1,000,000-transition replays: 34 bytes a Pendulum transition (two float32 (3,)
+    observations, a float32 (1,) action and reward, two flags), 34,000,000 bytes a member."""
+    base = make_config(
+        "sac", "Pendulum-v1", num_envs=4, total_steps=512, eval_every=0, use_preset=False, buffer_size=10**6
+    )
+    return PopulationConfig(
+        base=base,
+        size=4,
+        interval=256,
+        backend=backend,
+        mutations={"learning_rate": Mutation(perturb=(0.8, 1.25))},
+        resources=Resources(cpus=2, cpus_per_member=0.01, **resources),
+        directory=str(directory),
+    )
+
+
+def test_replays_the_process_backend_holds_at_once_must_fit_together_before_any_member_starts(
+    tmp_path, monkeypatch
+):
+    """Each member process allocates its own replay and checks it alone: 3 at once fit one by one in 64
+    MiB, not together. The population is refused before anything starts, with the sums and the fix."""
+    monkeypatch.setattr("phalanx.buffers.available_memory", lambda device: 64 * 2**20)
+    directory = tmp_path / "pop"
+    with pytest.raises(ConfigError) as error:
+        run_population(sac_population(directory, "process", max_concurrent=3), show_progress=False)
+    message = str(error.value)
+    assert "the process backend holds 3 members at once on this machine" in message
+    assert "1,000,000 transitions (obs (3,), actions (1,), 34 bytes each), 34,000,000 bytes" in message
+    assert f"(102,000,000 bytes needed, {64 * 2**20:,} available, of which" in message
+    assert "lower --buffer-size to at most 592,137 transitions per member" in message  # 0.9 * 64 MiB / 3
+    assert (
+        "hold at most 1 member at once (--size 1; on the process backend, resources: {max_concurrent: 1}"
+        in message
+    )
+    assert not directory.exists()
+
+
+def test_the_replays_counted_are_those_each_backend_holds_at_once(tmp_path, monkeypatch):
+    from phalanx.population.backends import make_backend
+    from phalanx.population.orchestrator import Orchestrator
+
+    monkeypatch.setattr("phalanx.buffers.available_memory", lambda device: 64 * 2**20)
+
+    def check(backend: str, max_concurrent: int | None) -> None:
+        config = sac_population(tmp_path / backend, backend, max_concurrent=max_concurrent)
+        orchestrator = Orchestrator(
+            config, Leaderboard(tmp_path / backend), make_backend(backend, config.resources)
+        )
+        try:
+            orchestrator.check_memory(config.size)
+        finally:
+            orchestrator.backend.close()
+
+    check("process", max_concurrent=1)  # one process: its own check is the whole of it
+    with pytest.raises(ConfigError, match="the serial backend holds 4 members at once"):
+        check("serial", max_concurrent=1)  # one at a time, but each member keeps its trainer here
+    monkeypatch.setattr("phalanx.buffers.available_memory", lambda device: 2**30)
+    check("process", max_concurrent=None)  # 4 x 34 MB fit in 1 GiB
+
+
 def test_population_config_round_trips_through_yaml(tmp_path):
     config = tiny_population(tmp_path, strategy="generational", tournament_size=3)
     config.save(tmp_path / "population.yaml")

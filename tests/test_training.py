@@ -143,6 +143,27 @@ def test_metrics_and_evaluations_are_one_tidy_table_each(tmp_path):
     assert all(list(row) == [*columns, "result_wall_time_s"] for row in evaluations)
 
 
+def test_metrics_csv_ends_with_the_runs_last_step(tmp_path):
+    """log_every = 600 does not divide the 2,048 steps (rollouts of 128): the steps after the last log
+    step get a row of their own at the end, the run's last step, once."""
+    result = phalanx.train(small_config(tmp_path, log_every=600), show_progress=False)
+    training = read_table(result.run_dir / "metrics.csv")
+    assert [row["steps"] for row in training] == [128, 640, 1280, 1920, 2048]
+    assert training[-1]["steps"] == result.summary["total_steps"]
+    assert training[-1]["updates"] == 2048 // 128
+
+
+def test_ctrl_c_writes_the_last_row_and_a_resume_neither_repeats_nor_loses_rows(tmp_path, interrupt_update):
+    trainer = Trainer(small_config(tmp_path, log_every=600), show_progress=False)
+    interrupt_update(trainer, 3)  # Ctrl+C in the 3rd update: the run stops at 3 * 128 steps
+    with pytest.raises(TrainingInterrupted):
+        trainer.train()
+    assert [row["steps"] for row in read_table(trainer.run_dir / "metrics.csv")] == [128, 384]
+    phalanx.resume(trainer.run_dir, show_progress=False)
+    steps = [row["steps"] for row in read_table(trainer.run_dir / "metrics.csv")]
+    assert steps == [128, 384, 640, 1280, 1920, 2048]
+
+
 def test_checkpoint_rotation_keeps_the_last_few(tmp_path):
     config = small_config(tmp_path, checkpoint_every=256, keep_checkpoints=2)
     result = phalanx.train(config, show_progress=False)

@@ -400,12 +400,7 @@ class ReplayBuffer:
         self.action_shape = tuple(action_shape)
         self.obs_dtype = obs_dtype
         check_memory(
-            self.bytes_needed(self.capacity, self.obs_shape, self.action_shape, action_dtype, obs_dtype),
-            self.capacity,
-            self.obs_shape,
-            self.action_shape,
-            self.device,
-            members,
+            self.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype), members
         )
         shape = (self.slots, num_envs)
         self.obs = torch.zeros(*shape, *self.obs_shape, dtype=obs_dtype, device=self.device)
@@ -427,6 +422,23 @@ class ReplayBuffer:
     ) -> int:
         obs = obs_dtype.itemsize * math.prod(obs_shape)
         return capacity * (2 * obs + transition_bytes(action_shape, action_dtype))
+
+    @classmethod
+    def memory(
+        cls,
+        capacity: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        action_shape: Sequence[int],
+        action_dtype: torch.dtype,
+        device: str | torch.device,
+        obs_dtype: torch.dtype = torch.float32,
+    ) -> ReplayMemory:
+        """What a buffer built with these arguments takes, without allocating it."""
+        capacity = max(capacity // num_envs, 1) * num_envs
+        obs_shape, action_shape = tuple(obs_shape), tuple(action_shape)
+        needed = cls.bytes_needed(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
+        return ReplayMemory(needed, capacity, replay_layout(obs_shape, action_shape), torch.device(device))
 
     @property
     def nbytes(self) -> int:
@@ -487,26 +499,49 @@ def transition_bytes(action_shape: tuple, action_dtype: torch.dtype) -> int:
     return action_dtype.itemsize * math.prod(action_shape) + 4 + 1 + 1
 
 
+def replay_layout(obs_shape: tuple, action_shape: tuple) -> str:
+    """What a transition of a single-agent replay holds, as a memory error names it."""
+    return f"obs {obs_shape}, actions {action_shape}"
+
+
+@dataclass(frozen=True)
+class ReplayMemory:
+    """What a replay buffer takes: ``needed`` bytes of ``device``'s memory for ``capacity`` transitions,
+    each holding ``layout`` (as a memory error names it)."""
+
+    needed: int
+    capacity: int
+    layout: str
+    device: torch.device
+
+    @property
+    def per_transition(self) -> float:
+        return self.needed / self.capacity
+
+
 MEMORY_HEADROOM = 0.9
 """A replay buffer may take at most this fraction of the memory available when it is allocated: the rest
 is left for the networks, the envs and the other processes."""
 
 
-def check_memory(
-    needed: int,
-    capacity: int,
-    obs_shape: tuple,
-    action_shape: tuple,
-    device: torch.device,
-    members: int = 1,
-) -> None:
-    """A ConfigError with the fix where a replay buffer of ``needed`` bytes would not fit on ``device``
-    (the memory available now: RAM on the CPU, free device memory on CUDA), checked before allocating
-    it. ``members``: a population's members share the buffer, ``capacity / members`` transitions each."""
+def available_when_short(needed: int, device: torch.device) -> int | None:
+    """The bytes available on ``device`` now (RAM on the CPU, free device memory on CUDA) where ``needed``
+    bytes exceed :data:`MEMORY_HEADROOM` of them; None where they fit (or the memory is unknown)."""
     available = available_memory(device)
     if available is None or needed <= MEMORY_HEADROOM * available:
+        return None
+    return available
+
+
+def check_memory(memory: ReplayMemory, members: int = 1) -> None:
+    """A ConfigError with the fix where a replay buffer of ``memory`` would not fit on its device,
+    checked before allocating it. ``members``: a population's members share the buffer,
+    ``capacity / members`` transitions each."""
+    needed, capacity, device = memory.needed, memory.capacity, memory.device
+    available = available_when_short(needed, device)
+    if available is None:
         return
-    per_transition = needed / capacity
+    per_transition = memory.per_transition
     fits = int(MEMORY_HEADROOM * available / per_transition)
     if members > 1:
         what = f"{members} members x {capacity // members:,} transitions"
@@ -518,9 +553,9 @@ def check_memory(
         what = f"{capacity:,} transitions"
         fix = f"lower --buffer-size to at most {fits:,} transitions"
     raise ConfigError(
-        f"a replay buffer of {what} (obs {obs_shape}, actions {action_shape}, {per_transition:,.0f} bytes "
-        f"each) needs {needed / 2**30:.2f} GiB on {device}, but only {available / 2**30:.2f} GiB is "
-        f"available ({needed:,} bytes needed, {available:,} available, of which a replay buffer may take "
+        f"a replay buffer of {what} ({memory.layout}, {per_transition:,.0f} bytes each) needs "
+        f"{needed / 2**30:.2f} GiB on {device}, but only {available / 2**30:.2f} GiB is available "
+        f"({needed:,} bytes needed, {available:,} available, of which a replay buffer may take "
         f"{MEMORY_HEADROOM:.0%}). Fix: {fix}, or train on a device with more memory."
     )
 
@@ -616,15 +651,10 @@ class CompactReplayBuffer:
         self.stacked_frames = stacked_frames
         self.frame_shape = self.obs_shape[1:] if stacked_frames > 1 else self.obs_shape
         self.rows = self.rows_per_env(self.slots, stacked_frames)
-        needed = self.bytes_needed(
-            self.slots, num_envs, self.obs_shape, self.action_shape, action_dtype, obs_dtype, stacked_frames
-        )
         check_memory(
-            needed,
-            self.capacity,
-            self.obs_shape,
-            self.action_shape,
-            self.device,
+            self.memory(
+                capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
+            )
         )
         shape = (self.slots, num_envs)
         # the row after the last is written with what a step leaves out (writes stay one op per step)
@@ -681,6 +711,28 @@ class CompactReplayBuffer:
         per_transition = 2 * 8 + transition_bytes(action_shape, action_dtype)  # two int64 serials
         # and per sub-env the int64 head and the last observation
         return num_envs * (rows * frame + slots * per_transition + 8 + stacked_frames * frame)
+
+    @classmethod
+    def memory(
+        cls,
+        capacity: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        action_shape: Sequence[int],
+        action_dtype: torch.dtype,
+        device: str | torch.device,
+        obs_dtype: torch.dtype = torch.uint8,
+        stacked_frames: int = 1,
+    ) -> ReplayMemory:
+        """What a buffer built with these arguments takes, without allocating it."""
+        slots = max(capacity // num_envs, 1)
+        obs_shape, action_shape = tuple(obs_shape), tuple(action_shape)
+        needed = cls.bytes_needed(
+            slots, num_envs, obs_shape, action_shape, action_dtype, obs_dtype, stacked_frames
+        )
+        return ReplayMemory(
+            needed, slots * num_envs, replay_layout(obs_shape, action_shape), torch.device(device)
+        )
 
     @property
     def nbytes(self) -> int:
@@ -843,3 +895,23 @@ def make_replay_buffer(
             f"observation space {observation_space} is not an image space. Use stacked_frames = 1."
         )
     return ReplayBuffer(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)
+
+
+def replay_memory(
+    capacity: int,
+    num_envs: int,
+    observation_space: gym.Space,
+    action_shape: Sequence[int],
+    action_dtype: torch.dtype,
+    device: str | torch.device,
+    stacked_frames: int = 1,
+) -> ReplayMemory:
+    """What the buffer :func:`make_replay_buffer` builds from the same arguments takes, without allocating
+    it (a population checks that the buffers its members hold at once fit together)."""
+    obs_dtype = observation_dtype(observation_space)
+    obs_shape = tuple(observation_space.shape)
+    if is_image_space(observation_space):
+        return CompactReplayBuffer.memory(
+            capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
+        )
+    return ReplayBuffer.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)

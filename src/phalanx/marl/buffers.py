@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from phalanx.buffers import NStepWindow, available_memory
-from phalanx.errors import CheckpointError, ConfigError
+from phalanx.buffers import NStepWindow, ReplayMemory, check_memory
+from phalanx.errors import CheckpointError
 from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 
 PER_AGENT_FIELDS = (
@@ -202,20 +202,26 @@ class MultiAgentReplayBuffer(_Storage):
         self.num_envs = num_envs
         self.slots = max(capacity // num_envs, 1)
         self.capacity = self.slots * num_envs
-        per_transition = sum(
-            math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            for shape, dtype in _layout(spec, self.FIELDS).values()
-        )
-        needed, available = self.capacity * per_transition, available_memory(torch.device(device))
-        if available is not None and needed > 0.9 * available:
-            raise ConfigError(
-                f"a multi-agent replay buffer of {self.capacity:,} transitions needs "
-                f"{needed / 2**30:.2f} GiB "
-                f"on {device}, but only {available / 2**30:.2f} GiB is available. Lower --buffer-size."
-            )
+        check_memory(self.memory(capacity, num_envs, spec, device))
         super().__init__(spec, self.FIELDS, (self.slots, num_envs), device)
         self.position = 0
         self.filled = 0
+
+    @classmethod
+    def memory(
+        cls, capacity: int, num_envs: int, spec: MultiAgentSpec, device: str | torch.device
+    ) -> ReplayMemory:
+        """What a buffer built with these arguments takes, without allocating it."""
+        capacity = max(capacity // num_envs, 1) * num_envs
+        per_transition = sum(
+            math.prod(shape) * dtype.itemsize for shape, dtype in _layout(spec, cls.FIELDS).values()
+        )
+        groups = ", ".join(
+            f"{name}: {group.num_agents} agents, obs ({int(group.observation_space.shape[0])},)"
+            for name, group in spec.groups.items()
+        )
+        layout = f"{groups}; state ({spec.state_dim},)"
+        return ReplayMemory(capacity * per_transition, capacity, layout, torch.device(device))
 
     def __len__(self) -> int:
         return self.filled * self.num_envs

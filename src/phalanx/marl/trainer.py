@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from phalanx.buffers import ReplayMemory
 from phalanx.config import TrainConfig
+from phalanx.envs.core import as_device
 from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
 from phalanx.marl.core import Groups, MultiAgentSpec, MultiAgentVecEnv, Tensor
@@ -207,6 +209,20 @@ class MultiAgentTrainer(Trainer):
         if self.algorithm.on_policy:
             return MultiAgentRollout(hp.horizon, config.num_envs, self.spec, self.device)
         return MultiAgentReplayBuffer(hp.buffer_size, config.num_envs, self.spec, self.device)
+
+    @classmethod
+    def replay_memory(cls, config: TrainConfig) -> ReplayMemory | None:
+        """What the replay buffer of a run of ``config`` takes (None: on-policy), from its env's spec."""
+        if get_algorithm(config.algo).on_policy:
+            return None
+        env = make_multi_agent_env(config.env, num_envs=1, device=config.device)
+        try:
+            spec = MultiAgentSpec.of(env)
+        finally:
+            env.close()
+        return MultiAgentReplayBuffer.memory(
+            config.hyperparameters.buffer_size, config.num_envs, spec, as_device(config.device)
+        )
 
     def evaluation_columns(self, evaluation: MultiAgentEvaluation) -> dict[str, float]:
         """Every agent's mean return and, with more than one group, each group's team return."""

@@ -187,6 +187,11 @@ class SerialBackend:
     def seen_resources(self) -> tuple[float, float, float | None]:
         return float(available_cores()), float(_visible_gpus()), None
 
+    def members_held_here(self, members: int, at_once: int) -> int:
+        """How many members' trainers (and replay buffers) this machine holds at once: here every member
+        keeps its Trainer in this process between its tasks, all ``members`` of them."""
+        return members
+
     def submit(self, task: Task) -> None:
         self.queue.append(task)
 
@@ -226,6 +231,12 @@ class ProcessBackend:
 
     def seen_resources(self) -> tuple[float, float, float | None]:
         return float(available_cores()), float(_visible_gpus()), None
+
+    def members_held_here(self, members: int, at_once: int) -> int:
+        """How many members' trainers (and replay buffers) this machine holds at once: one per process,
+        and there are as many processes as members run at once (``at_once``), each keeping its last
+        member's Trainer while idle."""
+        return min(members, at_once)
 
     def submit(self, task: Task) -> None:
         idle = [w for w in self.workers if w.task is None and w.process.is_alive()]
@@ -388,6 +399,12 @@ class RayBackend:
                 gpus += total.get("GPU", 0.0)
                 memory += total.get("memory", 0.0) / 2**30
         return cpus, gpus, memory or None
+
+    def members_held_here(self, members: int, at_once: int) -> int:
+        """None that this process can count: Ray places each actor on a node of its choosing, so each
+        member's replay buffer is checked on the node it lands on, as it is allocated (a member that does
+        not fit there crashes with the memory error, and is restarted or removed)."""
+        return 0
 
     def submit(self, task: Task) -> None:
         same = [i for i, (_, member) in enumerate(self.idle) if member == task.member]

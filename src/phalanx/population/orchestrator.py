@@ -35,6 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from phalanx.buffers import MEMORY_HEADROOM, ReplayMemory, available_when_short
 from phalanx.config import TrainConfig, save_yaml
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.files import replace_directory, write_text_atomic
@@ -51,7 +52,7 @@ from phalanx.population.evolution import (
     tournament_donor,
 )
 from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
-from phalanx.registry import vectorized_population
+from phalanx.registry import trainer_class, vectorized_population
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import picklable_factory
 
@@ -414,6 +415,19 @@ class Orchestrator:
     def member_seed(self, index: int) -> int:
         return member_seed(self.config, index)
 
+    def check_memory(self, members: int) -> None:
+        """A ConfigError with the fix, before any member starts, where the replay buffers of the members
+        this machine holds at once (the backend says how many, of ``members`` at most
+        :attr:`capacity` at once) do not fit together in its memory. Each member's trainer checks its
+        own buffer alone when it allocates it: enough on Ray's nodes, where nothing here knows where
+        it lands, but not where several members share this machine."""
+        together = self.backend.members_held_here(members, self.capacity)
+        if together < 2:
+            return
+        memory = trainer_class(self.config.base.algo).replay_memory(self.config.base)
+        if memory is not None:
+            check_members_memory(memory, together, f"the {self.backend.name} backend")
+
     def too_small(self) -> str:
         r = self.config.resources
         cpus, gpus, memory = self.backend.seen_resources()
@@ -425,6 +439,33 @@ class Orchestrator:
             f"{f', {memory:g} GB' if memory else ''}. Lower resources.cpus_per_member / gpus_per_member / "
             "memory_per_member_gb, or give more resources (resources.cpus / gpus / max_concurrent)."
         )
+
+
+def check_members_memory(memory: ReplayMemory, members: int, where: str) -> None:
+    """A ConfigError with the fix where ``members`` replay buffers of ``memory`` each, held at once on this
+    machine (one per member), would not fit together; ``where`` says why they are held together."""
+    needed = memory.needed * members
+    available = available_when_short(needed, memory.device)
+    if available is None:
+        return
+    budget = MEMORY_HEADROOM * available
+    fewer = int(budget // memory.needed)  # members whose buffers fit at this buffer size
+    at_most = (
+        f"hold at most {fewer} member{'s' if fewer > 1 else ''} at once (--size {fewer}; on the process "
+        f"backend, resources: {{max_concurrent: {fewer}}} in the population file does too), "
+        if fewer >= 1
+        else ""
+    )
+    raise ConfigError(
+        f"the population's replay buffers do not fit on {memory.device}: {where} holds {members} members at "
+        f"once on this machine, each with a replay buffer of its own of {memory.capacity:,} transitions "
+        f"({memory.layout}, {memory.per_transition:,.0f} bytes each), {memory.needed:,} bytes "
+        f"({memory.needed / 2**30:.2f} GiB) per member; together they need {needed / 2**30:.2f} GiB, but "
+        f"only {available / 2**30:.2f} GiB is available ({needed:,} bytes needed, {available:,} available, "
+        f"of which the replay buffers may take {MEMORY_HEADROOM:.0%}). Fix: lower --buffer-size to at most "
+        f"{int(budget / members / memory.per_transition):,} transitions per member, {at_most}or train on a "
+        "device with more memory."
+    )
 
 
 def member_seed(config: PopulationConfig, index: int) -> int:
@@ -602,6 +643,7 @@ def run_population(config: PopulationConfig, show_progress: bool = True) -> Popu
             orchestrator = Orchestrator(config, board, backend, _say(show_progress))
             if orchestrator.capacity < 1:
                 raise ConfigError(orchestrator.too_small())
+            orchestrator.check_memory(config.size)
         directory.mkdir(parents=True, exist_ok=True)
         config.directory = str(directory)
         config.save(directory / "population.yaml")
@@ -630,7 +672,12 @@ def resume_population(directory: str | Path, show_progress: bool = True) -> Popu
     for member in board.live():
         member.status = "waiting"
     backend = _backend(config)
-    orchestrator = Orchestrator(config, board, backend, _say(show_progress))
+    try:
+        orchestrator = Orchestrator(config, board, backend, _say(show_progress))
+        orchestrator.check_memory(len(board.live()))
+    except BaseException:
+        backend.close()
+        raise
     orchestrator.decide("resume", None, f"resumed with {len(board.live())} live members")
     return orchestrator.run()
 

@@ -122,7 +122,9 @@ class StopAtReturn(Hook):
 
 class Logging(Hook):
     """A row of metrics.csv every ``log_every`` env steps (learner 0; the others keep the schedule):
-    the rates since the last row, the training episodes, the learner's last metrics, the hooks' numbers."""
+    the rates since the last row, the training episodes, the learner's last metrics, the hooks' numbers.
+    The end of a ``train`` (its budget spent, a stop, Ctrl+C) writes the row of the steps made since the
+    last row (:meth:`finish`), so that the last row is the run's last step."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.schedule = Schedule(trainer.config.log_every, next=0)
@@ -136,26 +138,36 @@ class Logging(Hook):
         if not self.schedule.due(trainer.steps):
             return
         if trainer.is_main:
-            now = trainer.stopwatch()
-            last_time, last_steps, last_updates = self.last
-            elapsed = max(now - last_time, 1e-9)
-            row = {
-                "steps": trainer.steps,
-                "wall_time_s": now,
-                "steps_per_second": (trainer.steps - last_steps) / elapsed,
-                "updates": trainer.learner.updates,
-                "updates_per_second": (trainer.learner.updates - last_updates) / elapsed,
-                **trainer.worker.episodes.read(),
-                **trainer.collection.read_policy_lag(),
-                **trainer.metrics,
-                **trainer.hook_metrics,
-            }
-            row = trainer.logger.log(row)
-            trainer.hook_metrics = {}
-            for hook in trainer.hooks:
-                hook.on_log(trainer, row)
-            self.last = (now, trainer.steps, trainer.learner.updates)
+            self.write(trainer)
         self.schedule.advance(trainer.steps)
+
+    def finish(self, trainer: Trainer) -> None:
+        """Learner 0, at the end of a ``train``: the row of the steps made since the last row, if there
+        are any (none where the last iteration was a log step, or where nothing was trained)."""
+        if trainer.steps > self.last[1]:
+            self.write(trainer)
+
+    def write(self, trainer: Trainer) -> None:
+        """A row of metrics.csv at ``trainer.steps``; the hooks' ``on_log`` get it."""
+        now = trainer.stopwatch()
+        last_time, last_steps, last_updates = self.last
+        elapsed = max(now - last_time, 1e-9)
+        row = {
+            "steps": trainer.steps,
+            "wall_time_s": now,
+            "steps_per_second": (trainer.steps - last_steps) / elapsed,
+            "updates": trainer.learner.updates,
+            "updates_per_second": (trainer.learner.updates - last_updates) / elapsed,
+            **trainer.worker.episodes.read(),
+            **trainer.collection.read_policy_lag(),
+            **trainer.metrics,
+            **trainer.hook_metrics,
+        }
+        row = trainer.logger.log(row)
+        trainer.hook_metrics = {}
+        for hook in trainer.hooks:
+            hook.on_log(trainer, row)
+        self.last = (now, trainer.steps, trainer.learner.updates)
 
 
 class Checkpoints(Hook):

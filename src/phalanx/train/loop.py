@@ -118,9 +118,13 @@ def _loop(trainer: Trainer, user_hooks: list[tuple[Hook, Schedule]]) -> None:
         _end_files(trainer, interrupted=True, error=INSISTED)
         raise
     except KeyboardInterrupt:
-        if trainer.is_main:
-            trainer.logger.close()
-        path = trainer.save()  # a pipeline drains first: the steps its worker made are learned from
+        try:
+            path = trainer.save()  # a pipeline drains first: the steps its worker made are learned from
+            if trainer.is_main:
+                trainer.logging.finish(trainer)  # the last row: the steps up to the checkpoint
+        finally:
+            if trainer.is_main:
+                trainer.logger.close()
         if trainer.is_main:
             write_summary(trainer, interrupted=True)
         raise TrainingInterrupted(trainer.run_dir, trainer.steps, path) from None
@@ -151,12 +155,14 @@ def _safe_point(trainer: Trainer) -> None:
 
 
 def _finish(trainer: Trainer) -> TrainResult:
-    """The end of a run that was not interrupted: the last steps' updates, the final evaluation (but for
-    an early stop's), the last checkpoint, the learning curve, the summary, the hooks' ``on_end``."""
+    """The end of a run that was not interrupted: the last steps' updates, the last row of metrics.csv,
+    the final evaluation (but for an early stop's), the last checkpoint, the learning curve, the summary,
+    the hooks' ``on_end``."""
     trainer.collection.finish()  # the process pipeline's last step, and its updates
     if not trainer.is_main:
         trainer.save()
         return TrainResult(trainer.run_dir, {})
+    trainer.logging.finish(trainer)  # the last row: the steps since the last log step
     if trainer.stop_reason != "stop_return":
         trainer.evaluations.finish()
     trainer.save()

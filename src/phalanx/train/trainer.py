@@ -21,9 +21,11 @@ from phalanx.algos.dqn import DQNConfig
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
+    ReplayMemory,
     RolloutBuffer,
     make_replay_buffer,
     observation_dtype,
+    replay_memory,
 )
 from phalanx.compiling import compile_seconds, should_compile
 from phalanx.config import TrainConfig
@@ -53,6 +55,18 @@ from phalanx.train.run_dir import create_run_dir
 from phalanx.train.tracking import WandbTracker, start_tracking
 from phalanx.train.videos import GymnasiumEpisode, Videos
 from phalanx.train.worker import Worker
+
+
+def action_storage(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
+    """How a buffer stores actions of ``action_space``: their shape, and int64 (discrete) or float32."""
+    integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+    return action_space.shape, torch.int64 if integer_actions else torch.float32
+
+
+def replay_stacked_frames(hyperparameters: Any) -> int:
+    """The frames a replay stores each observation's stack of (the DQN family reads images; its
+    hyperparameters say whether they are stacks of frames), else 1."""
+    return hyperparameters.replay_stacked_frames if isinstance(hyperparameters, DQNConfig) else 1
 
 
 class Trainer:
@@ -213,10 +227,7 @@ class Trainer:
         (:func:`~phalanx.buffers.make_replay_buffer`)."""
         config, hp = self.config, self.config.hyperparameters
         observation_space = self.env.single_observation_space
-        action_space = self.env.single_action_space
-        action_shape = action_space.shape
-        integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
-        action_dtype = torch.int64 if integer_actions else torch.float32
+        action_shape, action_dtype = action_storage(self.env.single_action_space)
         if self.algorithm.on_policy:
             return self.algorithm.rollout_buffer(
                 hp.horizon,
@@ -227,8 +238,6 @@ class Trainer:
                 self.device,
                 observation_dtype(observation_space),
             )
-        # the DQN family reads images; its hyperparameters say whether they are stacks of frames
-        stacked_frames = hp.replay_stacked_frames if isinstance(hp, DQNConfig) else 1
         return make_replay_buffer(
             hp.buffer_size,
             config.num_envs,
@@ -236,7 +245,29 @@ class Trainer:
             action_shape,
             action_dtype,
             self.device,
-            stacked_frames,
+            replay_stacked_frames(hp),
+        )
+
+    @classmethod
+    def replay_memory(cls, config: TrainConfig) -> ReplayMemory | None:
+        """What the replay buffer of a run of ``config`` takes (None: on-policy, no replay), without building
+        the run: from the spaces of its env made with one sub-env in this process. A population checks with
+        it that the buffers its members hold at once fit together, before any member starts."""
+        if get_algorithm(config.algo).on_policy:
+            return None
+        env = build_env(dataclasses.replace(config, num_workers=0, overlap=False), 1, training=True)
+        try:
+            observation_space, action_space = env.single_observation_space, env.single_action_space
+        finally:
+            env.close()
+        hp = config.hyperparameters
+        return replay_memory(
+            hp.buffer_size,
+            config.num_envs,
+            observation_space,
+            *action_storage(action_space),
+            as_device(config.device),
+            replay_stacked_frames(hp),
         )
 
     # -- state -----------------------------------------------------------------------------------
