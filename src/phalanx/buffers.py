@@ -883,18 +883,10 @@ def make_replay_buffer(
     """The replay buffer for observations of ``observation_space``: a :class:`CompactReplayBuffer` for
     images (each observation stored once; with ``stacked_frames = k > 1``, each of the k frames stacked
     along their first axis once), else a :class:`ReplayBuffer`; observations in the space's dtype."""
-    obs_dtype = observation_dtype(observation_space)
-    obs_shape = tuple(observation_space.shape)
-    if is_image_space(observation_space):
-        return CompactReplayBuffer(
-            capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
-        )
-    if stacked_frames != 1:
-        raise ConfigError(
-            f"stacked_frames = {stacked_frames} shares the frames of image observations, but the "
-            f"observation space {observation_space} is not an image space. Use stacked_frames = 1."
-        )
-    return ReplayBuffer(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)
+    buffer_class, arguments = replay_choice(
+        capacity, num_envs, observation_space, action_shape, action_dtype, device, stacked_frames
+    )
+    return buffer_class(*arguments)
 
 
 def replay_memory(
@@ -908,10 +900,31 @@ def replay_memory(
 ) -> ReplayMemory:
     """What the buffer :func:`make_replay_buffer` builds from the same arguments takes, without allocating
     it (a population checks that the buffers its members hold at once fit together)."""
+    buffer_class, arguments = replay_choice(
+        capacity, num_envs, observation_space, action_shape, action_dtype, device, stacked_frames
+    )
+    return buffer_class.memory(*arguments)
+
+
+def replay_choice(
+    capacity: int,
+    num_envs: int,
+    observation_space: gym.Space,
+    action_shape: Sequence[int],
+    action_dtype: torch.dtype,
+    device: str | torch.device,
+    stacked_frames: int,
+) -> tuple[type[ReplayBuffer] | type[CompactReplayBuffer], tuple]:
+    """The buffer class for observations of ``observation_space`` and the arguments its constructor and
+    its ``memory`` take (the same, in the same order)."""
     obs_dtype = observation_dtype(observation_space)
     obs_shape = tuple(observation_space.shape)
+    arguments = (capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)
     if is_image_space(observation_space):
-        return CompactReplayBuffer.memory(
-            capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
+        return CompactReplayBuffer, (*arguments, stacked_frames)
+    if stacked_frames != 1:
+        raise ConfigError(
+            f"stacked_frames = {stacked_frames} shares the frames of image observations, but the "
+            f"observation space {observation_space} is not an image space. Use stacked_frames = 1."
         )
-    return ReplayBuffer.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype)
+    return ReplayBuffer, arguments
