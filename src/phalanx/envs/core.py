@@ -449,7 +449,7 @@ class BatchedBookkeeping(Generic[PerRow]):
             getattr(self, name).copy_(state[name])
         self.elapsed_steps.copy_(state["elapsed_steps"])
         self.episode_statistics.load_state_dict(state["episode_statistics"])
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # a CPU byte tensor, even for a CUDA generator
 
 
 class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
@@ -581,7 +581,7 @@ class BatchedVecEnv(BatchedBookkeeping[Tensor], VecEnv):
             self.block_generators = []
             for generator_state in state["block_generators"]:
                 generator = torch.Generator(device=self.device)
-                generator.set_state(generator_state)
+                generator.set_state(generator_state.cpu())
                 self.block_generators.append(generator)
 
     def _draw(self, size: tuple[int, ...]) -> Tensor:

@@ -311,9 +311,10 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.env.load_state_dict(state["env"])
         self.worker.load_state_dict(to_device(state["worker"], self.device))
-        torch.set_rng_state(state["rng"]["torch"])
+        # RNG states are CPU byte tensors, also CUDA's; loading the checkpoint onto the device moved them.
+        torch.set_rng_state(state["rng"]["torch"].cpu())
         if "cuda" in state["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
         progress = state["progress"]
         self.steps = progress["steps"]
         self.learner.updates = progress["updates"]
