@@ -129,6 +129,7 @@ def test_compute_gae_rejects_mismatched_shapes() -> None:
         compute_gae(zeros, zeros, torch.zeros(4, 3), flags, flags, 0.99, 0.95)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compute_gae_on_cuda_does_not_sync() -> None:
     rollout = random_rollout(0, 16, 64, 0.2)

@@ -245,6 +245,7 @@ def test_brax_bad_name():
         make_env("brax:halfchetah", 2)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gymnax_on_cuda_follows_the_torch_device():
     needs_gymnax()

@@ -402,6 +402,7 @@ def test_many_envs():
     assert info["_final_obs"].sum() == 0 and env.elapsed_steps.eq(5).all()  # truncated after 25 steps
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
     envs = [SimpleTag(num_envs=64, device=device) for device in ("cpu", "cuda")]
