@@ -1,11 +1,11 @@
-r"""Every GPU figure that shared/GPU.md and issue 23 ask for, in one time-boxed run of under 9 minutes.
+r"""Every GPU figure the open issues ask for, in one time-boxed run of 8 minutes.
 
     PYTHONPATH=src python3 benchmarks/gpu_suite.py --json $OUT/gpu_suite.json     # on a lent GPU (below)
     PYTHONPATH=src python benchmarks/gpu_suite.py --smoke --device cpu            # tiny, on a CPU (<1 min)
     PYTHONPATH=src python3 benchmarks/gpu_suite.py --parts env_throughput,ppo_training --budget 300
 
-A GPU is lent to some sessions for 30 minutes of device time, 10 minutes a command, so every figure is
-taken by this one command. The parts, in this order (each reuses the benchmark script named):
+A lent GPU runs one command of at most 10 minutes, so every figure is taken by this one command (after
+the CUDA tests, ``pytest -m cuda``). The parts, in this order (each reuses the benchmark script named):
 
 - ``device``: the GPU (name, compute capability, memory, multiprocessors), its driver (``nvidia-smi``),
   torch's CUDA and cuDNN versions, Triton, whether torch.compile can compile for the device, and the
@@ -25,6 +25,13 @@ taken by this one command. The parts, in this order (each reuses the benchmark s
 - ``time_to_solve``: ``phalanx train ppo CartPole-v1 --stop-return 475`` and ``Pendulum-v1
   --stop-return -200`` with the shipped presets on the device (``benchlib.run_phalanx``, a subprocess
   each, as ``time_to_solve.py``), eager and compiled, seed 0.
+- ``vs_purejaxrl``: PPO on CartPole-v1 at 1024 x 32 and 4096 x 16 envs x steps, 5M env steps, with
+  ``vs_purejaxrl.py``'s hyperparameters: PureJaxRL's ``ppo.py`` unmodified with JAX on the GPU (its
+  packages on ``--peer-pythonpath``, carried as wheels: below), against ``phalanx train ppo CartPole-v1
+  --config FILE`` on the device, eager and compiled, each a fresh process (a user's wait: imports,
+  setup, compile, training, the final evaluation).
+- ``offpolicy_mujoco``: ``phalanx train sac|td3 HalfCheetah-v5`` with the shipped presets on the device
+  for a short budget: the steady env and gradient steps/s once updates run (needs mujoco).
 - ``playground``, only when ``--parts`` names it: PPO on MuJoCo Playground's CheetahRun at 4,096
   envs for 20 rollouts (``playground_ppo.py``): env steps per second and the return reached. It needs
   the playground extra and a CUDA build of jax on the machine, and records why when they are absent.
@@ -44,11 +51,15 @@ part lists what is missing). Carry them as wheels, as the device tool's README s
 ``echo /.whl/ >> .git/info/exclude; python -m pip download --no-deps --only-binary=:all:
 --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl gymnasium==1.4.0
 farama-notifications==0.0.6 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1`` (750 kB); then
-one device call (carry ``.whl``, 600 s)::
+the same for mujoco (``offpolicy_mujoco``), and PureJaxRL's packages into ``.whl-pjx`` (distrax,
+gymnax, brax, navix and what they import that the image lacks: BENCHMARKS.md's GPU section lists the
+set used). Then one device call (carry ``.whl`` and ``.whl-pjx``, 600 s)::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-        .whl/*.whl && PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_suite.py \
-        --json $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
+        .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/peer-site .whl-pjx/*.whl; PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 \
+        python3 benchmarks/gpu_suite.py --peer-pythonpath /tmp/peer-site --json $OUT/gpu_suite.json \
+        2>&1 | tee $OUT/gpu_suite.log
 """
 
 from __future__ import annotations
@@ -74,20 +85,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import machine_info, markdown_table, run_phalanx, timed_steps, write_json  # noqa: E402
 
-PARTS = ("device", "env_throughput", "ppo_training", "population", "ensemble_critics", "time_to_solve")
+PARTS = (
+    "device",
+    "env_throughput",
+    "ppo_training",
+    "population",
+    "ensemble_critics",
+    "time_to_solve",
+    "vs_purejaxrl",
+    "offpolicy_mujoco",
+)
 # Parts run only when --parts names them: ``playground`` needs the playground extra and JAX with a GPU
 # backend, which the lent machine's image may lack (jax's CUDA wheels exceed what a call can carry).
 OPTIONAL_PARTS = ("playground",)
 MODES = ("eager", "compiled")
-# Seconds each part may take at most (the suite's default budget is 530 s, under the 9 minutes a
-# lease's 10-minute command leaves after the machine's start); a part gets less when less is left.
+# Seconds each part may take at most, from what each took on an H200 (2026-11-28); the suite's default
+# budget of 480 s cuts the last, so that the CUDA tests (90 s) and the suite fit one 10-minute command.
+# A part gets less when less is left; ``--parts`` takes what a first command left out.
 PART_BUDGETS = {
-    "device": 20.0,
-    "env_throughput": 140.0,
-    "ppo_training": 180.0,
-    "population": 60.0,
-    "ensemble_critics": 40.0,
-    "time_to_solve": 120.0,
+    "device": 10.0,
+    "env_throughput": 40.0,  # took 26 s on an H200
+    "ppo_training": 50.0,  # 20 s
+    "population": 75.0,  # 65 s
+    "ensemble_critics": 20.0,  # 14 s
+    "time_to_solve": 45.0,  # eager: 17-20 s a process
+    "vs_purejaxrl": 180.0,  # 171 s
+    "offpolicy_mujoco": 80.0,  # SAC: 40 s a process
     "playground": 300.0,
 }
 MIN_PART_S = 10.0  # a part with less time than this left is skipped
@@ -117,6 +140,8 @@ class Sizes:
     solve_envs: tuple[str, ...]
     solve_settings: dict[str, Any]  # over the preset's (smoke: a small budget, no evaluation process)
     solve_run_cap_s: float
+    peer_configs: dict[str, tuple[int, int, int]]  # vs_purejaxrl: label -> (num_envs, num_steps, env steps)
+    offpolicy_steps: tuple[int, int]  # offpolicy_mujoco: (learning starts, total env steps)
 
 
 FULL = Sizes(
@@ -138,6 +163,8 @@ FULL = Sizes(
     solve_envs=("CartPole-v1", "Pendulum-v1"),
     solve_settings={},
     solve_run_cap_s=100.0,
+    peer_configs={"1024x32": (1024, 32, 5_000_000), "4096x16": (4096, 16, 5_000_000)},
+    offpolicy_steps=(2_000, 8_000),
 )
 SMOKE = Sizes(
     env_envs=(2**8, 2**10),
@@ -158,6 +185,8 @@ SMOKE = Sizes(
     solve_envs=("CartPole-v1",),
     solve_settings={"total_steps": 2_048, "eval_every": 1_024, "eval_process": False},
     solve_run_cap_s=60.0,
+    peer_configs={"16x8": (16, 8, 1_024)},
+    offpolicy_steps=(256, 400),
 )
 
 
@@ -534,6 +563,133 @@ def solve_once(
     return {"settings": settings, "timeout_s": timeout, **run}
 
 
+def vs_purejaxrl_part(
+    part: Part, device: str, sizes: Sizes, modes: tuple[str, ...], log_root: Path, peer_path: str | None
+) -> None:
+    """PPO on CartPole-v1 at equal work: PureJaxRL's ``ppo.py`` (unmodified, JAX on the GPU) against
+    ``phalanx train`` on the device, each in a fresh process, with ``vs_purejaxrl.py``'s hyperparameters.
+    phalanx is timed as a user waits for it (the process: imports, setup, compile, training, the final
+    evaluation) and by its summary's ``wall_time_s``; PureJaxRL by its compile and its run (its own
+    clock, jax.jit lowering to block_until_ready) and by its process."""
+    import vs_purejaxrl
+
+    for label, (num_envs, num_steps, total_steps) in sizes.peer_configs.items():
+        spec = {"num_envs": num_envs, "num_steps": num_steps, "total_steps": total_steps, "seed": 1}
+        peer_row = part.plan(config=label, library="PureJaxRL", env_steps=total_steps)
+        phalanx_rows = [
+            part.plan(config=label, library=f"phalanx {mode}", mode=mode, env_steps=total_steps)
+            for mode in MODES
+        ]
+        part.take(peer_row, 20.0, purejaxrl_run, spec, log_root / f"purejaxrl-{label}.log", peer_path)
+        for row in unrequested_modes_marked(phalanx_rows, modes):
+            compiled = row["mode"] == "compiled"
+            settings = {
+                **vs_purejaxrl.phalanx_settings(**spec, compile=compiled, threads=0),
+                "device": device,
+            }
+            part.take(row, 15.0, phalanx_cli_run, settings, log_root / f"phalanx-{label}-{row['mode']}")
+        for row in phalanx_rows:
+            if "process_s" in row and "process_s" in peer_row:
+                row["speed_vs_purejaxrl_process"] = peer_row["process_s"] / row["process_s"]
+                row["speed_vs_purejaxrl_train"] = (peer_row["compile_s"] + peer_row["run_s"]) / row[
+                    "wall_time_s"
+                ]
+
+
+def purejaxrl_run(spec: dict[str, Any], log: Path, peer_path: str | None) -> dict[str, Any]:
+    """``vs_purejaxrl.py --child=purejaxrl`` with this Python and ``peer_path`` as its PYTHONPATH (the peer's
+    packages, carried), or in the peer's own virtualenv where it exists (a CPU machine)."""
+    from benchlib import PEER_VENVS, run_child
+
+    python = Path(sys.executable)
+    environment = {"PYTHONPATH": peer_path} if peer_path else {}
+    if not peer_path:
+        python = PEER_VENVS / "purejaxrl" / "bin" / "python"
+        if not python.is_file():
+            return {
+                "not_available": "no --peer-pythonpath and no PureJaxRL virtualenv (vs_purejaxrl.py makes it)"
+            }
+    script = Path(__file__).resolve().parent / "vs_purejaxrl.py"
+    command = [str(python), str(script), "--child=purejaxrl", "--child-spec", json.dumps(spec)]
+    result = run_child(command, log, environment)
+    if "error" in result:
+        result["log_tail"] = log.read_text()[-1500:]
+    return result
+
+
+def phalanx_cli_run(settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``phalanx train ALGO ENV --config FILE`` (``settings`` in FILE) in a fresh process, as a user runs it:
+    the process's wall time, the summary's figures and the last training return in metrics.csv."""
+    import csv
+
+    import yaml
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir.with_suffix(".yaml")
+    config_file.write_text(yaml.safe_dump(settings))
+    log = run_dir.with_suffix(".log")
+    command = [sys.executable, "-m", "phalanx.cli", "train", settings["algo"], settings["env"]]
+    command += ["--config", str(config_file), "--run-dir", str(run_dir)]
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+    process_s = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    if code != 0 or not summary_path.is_file():
+        return {"error": f"exit {code}", "log_tail": log.read_text()[-1500:]}
+    summary = json.loads(summary_path.read_text())
+    with open(run_dir / "metrics.csv") as handle:
+        returns = [
+            row["episode_return_mean"] for row in csv.DictReader(handle) if row.get("episode_return_mean")
+        ]
+    return {
+        "process_s": process_s,
+        "wall_time_s": summary["wall_time_s"],
+        "compile_time_s": summary.get("compile_time_s"),
+        "steps": summary["total_steps"],
+        "steps_per_second": summary["steps_per_second"],
+        "final_return": float(returns[-1]) if returns else None,
+        "eval_return": summary["eval_return_mean"],
+        "command": " ".join(command[1:]),
+    }
+
+
+def offpolicy_mujoco_part(part: Part, device: str, sizes: Sizes, log_root: Path) -> None:
+    """SAC and TD3 with their HalfCheetah-v5 presets on the device (``phalanx train``, a fresh process each,
+    the preset's worker processes): the steady env and gradient steps/s once updates run (as
+    ``mujoco_speed.py`` reads them from metrics.csv), for what a 300k or 1M run costs on a GPU."""
+    if importlib.util.find_spec("mujoco") is None:
+        part.take(part.plan(env="HalfCheetah-v5"), 0, lambda: {"not_available": "mujoco is not installed"})
+        return
+    starts, total = sizes.offpolicy_steps
+    for algo in ("sac", "td3"):
+        row = part.plan(algo=algo, env="HalfCheetah-v5", learning_starts=starts, env_steps=total)
+        part.take(row, 15.0, offpolicy_run, algo, device, starts, total, log_root / f"{algo}-halfcheetah")
+
+
+def offpolicy_run(algo: str, device: str, starts: int, total: int, run_dir: Path) -> dict[str, Any]:
+    from mujoco_speed import steady_rates
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.with_suffix(".log")
+    command = [sys.executable, "-m", "phalanx.cli", "train", algo, "HalfCheetah-v5", "--device", device]
+    command += ["--learning-starts", str(starts), "--total-steps", str(total), "--eval-every", "0"]
+    command += ["--eval-episodes", "1", "--log-every", str(max(total // 16, 16)), "--run-dir", str(run_dir)]
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+    process_s = time.perf_counter() - start
+    rates = steady_rates(run_dir) if code == 0 else None
+    if rates is None:
+        return {"error": f"exit {code}, no steady rate", "log_tail": log.read_text()[-1500:]}
+    return {
+        "process_s": process_s,
+        "env_steps_per_second": rates[0],
+        "gradient_steps_per_second": rates[1],
+        "command": " ".join(command[1:]),
+    }
+
+
 PLAYGROUND_CASE = {"env": "CheetahRun", "num_envs": 4_096, "rollouts": 20}  # 2.46M env steps
 
 
@@ -623,6 +779,27 @@ def tables(result: dict[str, Any]) -> str:
             {"env": "env", "mode": "mode", "threshold": "threshold"},
             {"time_to_solve_s": "time to solve s", "steps": "env steps", "last_eval_return": "last eval"},
         ),
+        "vs_purejaxrl": (
+            {"config": "envs x steps", "library": "run"},
+            {
+                "process_s": "process s",
+                "wall_time_s": "phalanx train s",
+                "compile_time_s": "phalanx compile s",
+                "compile_s": "PureJaxRL compile s",
+                "run_s": "PureJaxRL run s",
+                "final_return": "final return",
+                "speed_vs_purejaxrl_process": "speed vs PureJaxRL (process)",
+                "speed_vs_purejaxrl_train": "speed vs PureJaxRL (train)",
+            },
+        ),
+        "offpolicy_mujoco": (
+            {"algo": "algo", "env": "env"},
+            {
+                "env_steps_per_second": "env steps/s (steady)",
+                "gradient_steps_per_second": "gradient steps/s",
+                "process_s": "process s",
+            },
+        ),
         "playground": (
             {"env": "env", "num_envs": "envs"},
             {
@@ -697,7 +874,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script (on a CPU)")
     parser.add_argument(
-        "--budget", type=float, default=530.0, help="seconds for the whole suite (default 530)"
+        "--budget", type=float, default=480.0, help="seconds for the whole suite (default 480)"
     )
     parser.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS + OPTIONAL_PARTS)}"
@@ -707,6 +884,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="results file (default benchmarks/results/)"
+    )
+    parser.add_argument(
+        "--peer-pythonpath",
+        default=None,
+        metavar="DIR",
+        help="PYTHONPATH of the packages PureJaxRL needs (default: its virtualenv in benchmarks/.peers)",
     )
     args = parser.parse_args(argv)
     parts = parse_list(args.parts, PARTS + OPTIONAL_PARTS, "--parts")
@@ -727,6 +910,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "population": lambda part: population_part(part, args.device, sizes),
         "ensemble_critics": lambda part: ensemble_critics_part(part, args.device, sizes),
         "time_to_solve": lambda part: time_to_solve_part(part, args.device, sizes, modes, log_root),
+        "vs_purejaxrl": lambda part: vs_purejaxrl_part(
+            part, args.device, sizes, modes, log_root, args.peer_pythonpath
+        ),
+        "offpolicy_mujoco": lambda part: offpolicy_mujoco_part(part, args.device, sizes, log_root),
         "playground": lambda part: playground_part(part, args.device),
     }
     result: dict[str, Any] = {

@@ -147,6 +147,42 @@ def child_purejaxrl(num_envs: int, num_steps: int, total_steps: int, seed: int) 
 
 
 # -- phalanx: in a process started with --child phalanx (eager or compiled) ------------------------------
+def phalanx_settings(
+    num_envs: int, num_steps: int, total_steps: int, seed: int, compile: bool, threads: int
+) -> dict[str, Any]:
+    """phalanx's config (a ``--config`` file's contents) for the peers' PPO: the same hyperparameters and
+    env steps, one evaluation at the end, metrics logged over the last 10% of the updates."""
+    updates = total_steps // (num_envs * num_steps)
+    return {
+        "algo": "ppo",
+        "env": "CartPole-v1",
+        "num_envs": num_envs,
+        "total_steps": total_steps,
+        "seed": seed,
+        "eval_every": 0,  # one evaluation, at the end
+        "eval_episodes": 10,
+        "log_every": final_window(updates) * num_envs * num_steps,
+        "torch_threads": threads,
+        "compile": compile,
+        "hyperparameters": {
+            "horizon": num_steps,
+            "epochs": EPOCHS,
+            "minibatch_size": num_envs * num_steps // MINIBATCHES,
+            "learning_rate": LEARNING_RATE,
+            "anneal_lr": True,
+            "entropy_coef": ENTROPY_COEF,
+            "clip_range": CLIP,
+            "clip_value": CLIP,  # PureJaxRL clips the value loss with its clip_eps, CleanRL with --clip-vloss
+            "max_grad_norm": MAX_GRAD_NORM,
+            "hidden_sizes": [64, 64],
+            "activation": "tanh",
+            "gamma": GAMMA,
+            "gae_lambda": GAE_LAMBDA,
+            "value_coef": VALUE_COEF,
+        },
+    }
+
+
 def child_phalanx(
     num_envs: int, num_steps: int, total_steps: int, seed: int, compile: bool, threads: int
 ) -> dict[str, Any]:
@@ -161,40 +197,9 @@ def child_phalanx(
     matplotlib.use("Agg")  # as phalanx's learning-curve plot does; imported before the clock starts
     import matplotlib.pyplot  # noqa: F401
 
-    hyperparameters = {
-        "horizon": num_steps,
-        "epochs": EPOCHS,
-        "minibatch_size": num_envs * num_steps // MINIBATCHES,
-        "learning_rate": LEARNING_RATE,
-        "anneal_lr": True,
-        "entropy_coef": ENTROPY_COEF,
-        "clip_range": CLIP,
-        "clip_value": CLIP,  # PureJaxRL clips the value loss with its clip_eps, CleanRL with --clip-vloss
-        "max_grad_norm": MAX_GRAD_NORM,
-        "hidden_sizes": [64, 64],
-        "activation": "tanh",
-        "gamma": GAMMA,
-        "gae_lambda": GAE_LAMBDA,
-        "value_coef": VALUE_COEF,
-    }
-    updates = total_steps // (num_envs * num_steps)
     run_dir = Path(tempfile.mkdtemp(prefix="vs_purejaxrl-phalanx-")) / "run"
-    config = TrainConfig.from_dict(
-        {
-            "algo": "ppo",
-            "env": "CartPole-v1",
-            "num_envs": num_envs,
-            "total_steps": total_steps,
-            "seed": seed,
-            "eval_every": 0,  # one evaluation, at the end
-            "eval_episodes": 10,
-            "log_every": final_window(updates) * num_envs * num_steps,
-            "torch_threads": threads,
-            "compile": compile,
-            "hyperparameters": hyperparameters,
-            "run_dir": str(run_dir),
-        }
-    )
+    settings = phalanx_settings(num_envs, num_steps, total_steps, seed, compile, threads)
+    config = TrainConfig.from_dict({**settings, "run_dir": str(run_dir)})
     start = time.perf_counter()
     summary = phalanx.train(config, show_progress=False).summary
     total_s = time.perf_counter() - start
