@@ -1,14 +1,15 @@
-"""Ctrl+C at many points of an update, run by test_interrupts.py in a subprocess of its own (it sends
-itself SIGINT; a failure must not reach pytest's own handler):
+"""Ctrl+C or SIGTERM at many points of an update, run by test_interrupts.py in a subprocess of its own (it
+sends itself the signal; a failure must not reach pytest's own handler):
 
-    python interrupt_checks.py RUN_ROOT ALGO ...
+    python interrupt_checks.py RUN_ROOT SIGNAL ALGO ...        # SIGNAL: SIGINT or SIGTERM
 
 For each ALGO, `phalanx train` (the CLI's main) runs it again and again on a small problem; each time
-this process sends itself SIGINT in the middle of the learner's UPDATE-th update: at the k-th line of
+this process sends itself SIGNAL in the middle of the learner's UPDATE-th update: at the k-th line of
 phalanx's own code that the update runs, for several k spread over all of it and inside the window
 where an ensemble critic is frozen for the actor's step (between set_critic_grad(False) and
 set_critic_grad(True)). Each run must end as a Ctrl+C at the start of that update does (the
-reference): exit code 130, "interrupted": true in summary.json, a checkpoint step_<n> at the same step
+reference): exit code 128 + the signal's number (130, 143), "interrupted": true and the signal's name in
+summary.json, a checkpoint step_<n> at the same step
 that holds the same state, bit for bit (no half-made update, no update made twice); and
 `phalanx resume` must go on from the last one (exit 0). Prints one JSON line per ALGO: the lines its
 update ran and the offsets checked; exits 1 at the first failure.
@@ -53,10 +54,11 @@ PHALANX = str(Path(phalanx.__file__).parent)
 
 
 class Arm:
-    """Wraps Learner.update: the UPDATE-th call sends SIGINT at line ``offset`` of the update (0: before
+    """Wraps Learner.update: the UPDATE-th call sends ``stop`` at line ``offset`` of the update (0: before
     it starts); the first update that then runs is traced, to count its lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: signal.Signals) -> None:
+        self.stop = stop
         self.original = Learner.update
         self.offset = 0
         self.calls = 0
@@ -72,7 +74,7 @@ class Arm:
         if self.calls == UPDATE:
             self.tracing = True
             if self.offset == 0:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), self.stop)
         if not self.tracing:
             return self.original(learner, progress)
         self.tracing = False  # one update
@@ -88,7 +90,7 @@ class Arm:
         if event == "line":
             self.lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
             if len(self.lines) == self.offset:
-                os.kill(os.getpid(), signal.SIGINT)  # lands on this line, or the next few bytecodes
+                os.kill(os.getpid(), self.stop)  # lands on this line, or the next few bytecodes
         return self.trace
 
 
@@ -129,7 +131,7 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def run(arguments: list[str]) -> int:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(arguments)
-    if code not in (0, 130):
+    if code not in (0, 130, 143):
         print(err.getvalue()[-3000:], file=sys.stderr)
     return code
 
@@ -141,10 +143,11 @@ def check(arm: Arm, algo: str, root: Path) -> dict[str, Any]:
         arm.reset(offset)
         run_dir = root / f"{algo}_{offset}"
         code = run(["train", algo, env, *SMALL, *flags, "--run-dir", str(run_dir)])
-        where = f"{algo}, SIGINT at line {offset} of update {UPDATE}"
-        assert code == 130, f"{where}: exit code {code}, not 130"
+        where = f"{algo}, {arm.stop.name} at line {offset} of update {UPDATE}"
+        assert code == 128 + arm.stop, f"{where}: exit code {code}, not {128 + arm.stop}"
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["interrupted"] is True and summary["error"] is None, f"{where}: {summary}"
+        assert summary["signal"] == arm.stop.name, f"{where}: {summary}"
         steps = summary["total_steps"]
         checkpoint = run_dir / "checkpoints" / f"step_{steps}"
         assert checkpoint.is_dir(), f"{where}: no {checkpoint}"
@@ -160,7 +163,7 @@ def check(arm: Arm, algo: str, root: Path) -> dict[str, Any]:
     offsets = sorted({*range(1, len(lines) + 1, max(1, len(lines) // SPREAD)), *frozen_lines(lines)})
     for offset in offsets:
         run_dir, steps, state = interrupted_run(offset)
-        where = f"{algo}, SIGINT at line {offset} of update {UPDATE} ({lines[offset - 1]})"
+        where = f"{algo}, {arm.stop.name} at line {offset} of update {UPDATE} ({lines[offset - 1]})"
         assert steps == reference_steps, f"{where}: stopped at step {steps}, not {reference_steps}"
         differ = [key for key in same(state, reference) if key != "progress.wall_time_s"]
         assert not differ, f"{where}: the checkpoint differs from the reference in {differ[:5]}"
@@ -172,7 +175,7 @@ def check(arm: Arm, algo: str, root: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    root, *algos = sys.argv[1:]
-    arm = Arm()
+    root, stop, *algos = sys.argv[1:]
+    arm = Arm(signal.Signals[stop])
     for algo in algos:
         print(json.dumps(check(arm, algo, Path(root))), flush=True)

@@ -172,8 +172,17 @@ def test_a_hung_learner_fails_the_group_after_the_timeout(tmp_path, failing_env)
     assert no_learners_left()
 
 
-@pytest.mark.parametrize("moment", ["while training", "while the learners start"])
-def test_ctrl_c_stops_every_learner_and_saves(tmp_path, moment):
+@pytest.mark.parametrize(
+    ("moment", "stop"),
+    [
+        ("while training", "SIGINT to the group"),
+        ("while the learners start", "SIGINT to the group"),
+        ("while training", "SIGTERM to the launcher"),
+    ],
+)
+def test_a_stop_signal_stops_every_learner_and_saves(tmp_path, moment, stop):
+    """Ctrl+C reaches the whole group (the launcher and the learners); SIGTERM from `kill` or a scheduler
+    may reach the launcher alone, which forwards it."""
     run_dir = tmp_path / "interrupted"
     process = subprocess.Popen(
         [sys.executable, "-m", "phalanx.cli", "train", "sac", "Pendulum-v1", "--learners", "2",
@@ -190,15 +199,19 @@ def test_ctrl_c_stops_every_learner_and_saves(tmp_path, moment):
         else:  # as soon as both learner processes exist: they are still importing torch
             while len(learner_processes(process.pid)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
-        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl+C does: the whole group
+        if stop == "SIGINT to the group":
+            os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl+C does: the whole group
+        else:
+            process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, stderr
-    assert "interrupted at step" in stderr and "phalanx resume" in stderr
+    signal_name = stop.split()[0]
+    assert process.returncode == 128 + signal.Signals[signal_name], stderr
+    assert f"interrupted by {signal_name} at step" in stderr and "phalanx resume" in stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["interrupted"] is True
+    assert summary["interrupted"] is True and summary["signal"] == signal_name
     state = load_checkpoint(run_dir / "checkpoints" / f"step_{summary['total_steps']}")
     assert len(state["learner_shards"]) == 1
     assert group_is_gone(process.pid)  # the launcher, the learners and multiprocessing's helpers

@@ -649,14 +649,19 @@ def _run_cli_until_reports(directory: Path, reports: int, extra: list[str]) -> s
     pytest.fail("no reports within 240 s")
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT", "SIGTERM"])
 def test_killed_or_interrupted_population_resumes_without_losing_evaluations(tmp_path, signal_name):
+    """SIGKILL and Ctrl+C reach the whole process group; SIGTERM (kill, docker stop) the orchestrator
+    alone, which asks the members in flight to save."""
     directory = tmp_path / "pop"
     process = _run_cli_until_reports(directory, reports=3, extra=["--backend", "process"])
-    os.killpg(process.pid, getattr(signal, signal_name))
+    if signal_name == "SIGTERM":
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(process.pid, getattr(signal, signal_name))
     output, _ = process.communicate(timeout=120)
-    if signal_name == "SIGINT":
-        assert process.returncode == 130, output
+    if signal_name != "SIGKILL":
+        assert process.returncode == 128 + getattr(signal, signal_name), output
         assert f"phalanx population resume {directory}" in " ".join(output.split())
     before = Leaderboard.load(directory)
     scored_before = {m.id: list(m.scores) for m in before.members.values()}

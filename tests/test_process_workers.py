@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -257,8 +258,21 @@ def test_workers_exit_when_the_main_process_is_killed(tmp_path):
     assert wait_gone(tree) == []
 
 
+def ignore_sigint() -> None:
+    """A child's SIGINT ignored, as a background job (`cmd &`) of a non-interactive shell inherits it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @linux_only
-def test_ctrl_c_during_training_saves_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize(
+    ("stop", "sigint_ignored"),
+    [(signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c", "sigterm-from-a-background-job"],
+)
+def test_a_stop_signal_during_training_saves_and_leaves_no_process(tmp_path, stop, sigint_ignored):
+    """Ctrl+C, and SIGTERM (kill, Slurm, docker stop) to a run started in the background of a script,
+    which ignores SIGINT: both save a checkpoint, say so in summary.json, exit 128 + the signal's number
+    and end the worker processes and the evaluation process."""
     run_dir = tmp_path / "run"
     command = [
         sys.executable,
@@ -276,19 +290,32 @@ def test_ctrl_c_during_training_saves_and_leaves_no_process(tmp_path):
         "--run-dir",
         str(run_dir),
         "--eval-every",
-        "0",
+        "2048",
+        "--eval-process",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint if sigint_ignored else None,
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (run_dir / "config.yaml").exists():  # training has begun
+    while time.monotonic() < deadline and not (run_dir / "metrics.csv").exists():  # training has begun
         time.sleep(0.2)
     time.sleep(1.0)
     tree = descendants(process.pid)
-    assert len(tree) >= 2  # the workers (and the forkserver they were forked from)
-    process.send_signal(signal.SIGINT)
+    assert len(tree) >= 3  # the workers, the evaluation process (and the forkserver they came from)
+    if sigint_ignored:  # as the shell made it: a Ctrl+C meant for the script's foreground passes it by
+        process.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert process.poll() is None
+    process.send_signal(stop)
     output, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, output
-    assert (run_dir / "checkpoints").exists(), output
+    assert process.returncode == 128 + stop, output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == stop.name, summary
+    assert (run_dir / "checkpoints" / f"step_{summary['total_steps']}").is_dir(), output
     assert wait_gone(tree) == [], output
 
 

@@ -192,10 +192,14 @@ def _reported(directory: Path) -> bool:
         return False
 
 
-def test_ctrl_c_saves_the_running_trials_and_the_same_command_continues_them(tmp_path):
-    """Two trials at once on the process backend; Ctrl+C; the same command (here in this process, one
-    trial at a time) continues both from their checkpoints. Chunks of 4 rollouts: after its first report
-    a trial is seconds from its end, so Ctrl+C reaches both while they run, even on a loaded machine."""
+@pytest.mark.parametrize(
+    "stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-to-the-group", "sigterm-to-tune"]
+)
+def test_a_stop_signal_saves_the_running_trials_and_the_same_command_continues_them(tmp_path, stop):
+    """Two trials at once on the process backend; Ctrl+C (to the whole group), or SIGTERM to `phalanx tune`
+    alone (which asks the trials to save); the same command (here in this process, one trial at a time)
+    continues both from their checkpoints. Chunks of 4 rollouts: after its first report a trial is seconds
+    from its end, so the signal reaches both while they run, even on a loaded machine."""
     directory = tmp_path / "interrupted"
     command = [
         sys.executable, "-m", "phalanx", "tune", "ppo", "CartPole-v1", "--trials", "2", "--sampler", "random",
@@ -212,9 +216,12 @@ def test_ctrl_c_saves_the_running_trials_and_the_same_command_continues_them(tmp
         assert process.poll() is None, process.stdout.read()
         assert time.time() < deadline, "no report within 240 s"
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGINT)
+    if stop == signal.SIGINT:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
-    assert process.returncode == 130, output
+    assert process.returncode == 128 + stop, output
     assert "Rerun the same command" in " ".join(output.split())
     deadline = time.time() + 30  # the trials' processes see their parent gone and end
     while _processes_in_group(process.pid) and time.time() < deadline:

@@ -59,6 +59,8 @@ from phalanx.registry import (
     registration,
 )
 from phalanx.train.entry import resume, train
+from phalanx.train.interrupts import exit_code as interrupted_exit_code
+from phalanx.train.interrupts import stop_signals_interrupt
 from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.plots import INTERVALS, SPANS, X_COLUMNS, curves, draw_curves
 from phalanx.train.videos import MAX_EPISODE_STEPS, check_video_format, use_headless_rendering
@@ -104,6 +106,8 @@ commands:
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `phalanx envs | head` ends quietly
+    if argv is None:  # SIGTERM (kill, Slurm, docker stop) stops a command as Ctrl+C does, and saves
+        stop_signals_interrupt()
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "train": cmd_train,
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
-        return 130
+        return interrupted_exit_code()
 
 
 # -- train ----------------------------------------------------------------------------------------
@@ -356,14 +360,29 @@ def cmd_train(argv: list[str]) -> int:
         )
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
-        return 130
+        return interrupted_exit_code()
+    if not result.trained:
+        say_nothing_to_train(result)
     return training_exit_code(result.summary)
 
 
+def say_nothing_to_train(result: Any) -> None:
+    """A resume (or train --resume) of a run that had finished: what it found, and how to train on."""
+    steps = result.summary["total_steps"]
+    console.print(
+        escape(
+            f"nothing left to train: the run in {result.run_dir} finished at {steps:,} steps; no file was "
+            f"changed. To train it longer: phalanx resume {result.run_dir} --total-steps N (N > {steps:,})."
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def training_exit_code(summary: dict[str, Any]) -> int:
-    """How `phalanx train` and `phalanx resume` exit when training ends (Ctrl+C: 130): 1 if the run has a
-    stop_return (--stop-return) that no evaluation reached, else 0. An empty ``summary`` is a learner
-    other than learner 0 under torchrun, which leaves the verdict to learner 0: 0."""
+    """How `phalanx train` and `phalanx resume` exit when training ends (Ctrl+C: 130, SIGTERM: 143): 1 if
+    the run has a stop_return (--stop-return) that no evaluation reached, else 0. An empty ``summary`` is
+    a learner other than learner 0 under torchrun, which leaves the verdict to learner 0: 0."""
     if summary and summary["stop_return"] is not None and summary["time_to_stop_return_s"] is None:
         return 1
     return 0
@@ -453,7 +472,9 @@ def cmd_resume(argv: list[str]) -> int:
         result = resume(args.run_dir, args.total_steps)
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
-        return 130
+        return interrupted_exit_code()
+    if not result.trained:
+        say_nothing_to_train(result)
     return training_exit_code(result.summary)
 
 
@@ -751,7 +772,7 @@ def cmd_population(argv: list[str]) -> int:
             raise PhalanxError(f"unknown population command {command!r}.\n{POPULATION_USAGE}")
     except PopulationInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False)
-        return 130
+        return interrupted_exit_code()
     except PopulationFailed as failed:  # it ran, and ended without a result
         Console().print(Leaderboard.load(failed.directory).table())
         console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
@@ -920,7 +941,7 @@ def cmd_tune(argv: list[str]) -> int:
         result = run_tuning(config)
     except TuneInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
-        return 130
+        return interrupted_exit_code()
     except TuneFailed as failed:  # it ran, and ended without a best config
         console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
         return 1

@@ -135,6 +135,10 @@ class TrainConfig:
     """Torch device for environments, networks and buffers: cpu, cuda, cuda:1, ..."""
     run_dir: str | None = None
     """Run directory; default runs/<env>__<algo>__s<seed>__<yyyymmdd-hhmmss>."""
+    resume: bool = False
+    """With run_dir: continue the run there from its latest checkpoint if there is one, else start it
+    there, so that one command both starts a cluster job and continues it when the scheduler requeues
+    it after a preemption (docs/cluster.md). Refused if that run has another config."""
     stop_return: float | None = None
     """Stop when the deterministic evaluation mean return reaches this value."""
     eval_every: int = 50_000
@@ -159,6 +163,9 @@ class TrainConfig:
     or gif."""
     checkpoint_every: int = 0
     """Environment steps between checkpoints (0: only at the end and at each new best evaluation)."""
+    checkpoint_every_minutes: float = 30.0
+    """Minutes of training between checkpoints, besides checkpoint_every (0: none by time): a run killed
+    without warning (SIGKILL, a lost node) loses at most this much. Ctrl+C and SIGTERM save at once."""
     keep_checkpoints: int = 3
     """How many step_<n> checkpoints to keep (the best one is kept in addition)."""
     normalize_obs: bool = False
@@ -244,6 +251,15 @@ class TrainConfig:
         formats = f"one of {VIDEO_FORMATS}"
         check(self.video_format in VIDEO_FORMATS, "video_format", self.video_format, formats)
         self._check_count("checkpoint_every", 0)
+        minutes = self.checkpoint_every_minutes
+        number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
+        expected = "a number of minutes >= 0 (0: off)"
+        check(number and minutes >= 0, "checkpoint_every_minutes", minutes, expected)
+        if self.resume and not self.run_dir:
+            raise ConfigError(
+                "resume = true needs run_dir: the directory whose run to continue, or to start the run in "
+                "when it holds none. Pass --run-dir DIR with --resume."
+            )
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
         self._check_count("log_every", 1)
         self._check_count("torch_threads", 0)

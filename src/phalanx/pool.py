@@ -17,8 +17,9 @@ way for all of them:
   or signal, :func:`death_cause`) or hung reaches the owner as a :class:`Fault`, which the owner turns
   into a restart or its own error message.
 
-Workers ignore SIGINT (Ctrl+C is the owner's to handle; it closes them), exit when the owner's end of
-the pipe is gone, and are closed by :meth:`WorkerPool.close`, garbage collection and interpreter exit.
+Workers ignore SIGINT and SIGTERM (a stop is the owner's to handle; it closes them), exit when the
+owner's end of the pipe is gone, and are closed by :meth:`WorkerPool.close`, garbage collection and
+interpreter exit.
 """
 
 from __future__ import annotations
@@ -221,7 +222,10 @@ def _serve(
     conn: Any,
 ) -> None:
     """A worker process: run the pickled task's start, then its handle on each message until closed."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the owner's to handle; it closes us
+    # Ctrl+C and SIGTERM (Slurm signals every process of a job) are the owner's to handle: it saves the
+    # run, then closes us; were it killed instead, its end of the pipe closes and we exit.
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
     views = {
         name: np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
         for name, (raw, shape, dtype) in buffers.items()

@@ -546,8 +546,8 @@ class ProcessVecEnv(_GymnasiumAdapter):
 
     Processes: a :class:`~phalanx.pool.WorkerPool`, started with ``start_method`` (``"forkserver"`` on
     Linux, else ``"spawn"``), so a script that builds this env must guard its entry point with
-    ``if __name__ == "__main__":``. Workers ignore SIGINT (Ctrl+C is handled by the main process, which
-    closes them), exit by themselves when the main process disappears, and are closed by :meth:`close`,
+    ``if __name__ == "__main__":``. Workers ignore SIGINT and SIGTERM (the main process handles a stop
+    and closes them), exit by themselves when the main process disappears, and are closed by :meth:`close`,
     garbage collection and interpreter exit.
 
     Args:

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from phalanx.errors import CheckpointError, ConfigError, import_optional
 from phalanx.registry import trainer_class
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.handover import HandOver
+from phalanx.train.interrupts import stop_signals_interrupt, supervised
 from phalanx.train.launch import available_cores, exit_when_closed
 from phalanx.train.loop import TrainingInterrupted
 
@@ -303,7 +305,11 @@ class _Worker:
         self.watch.close()
 
     def close(self) -> None:
-        """Ask the process to end (a task in flight finishes, or saves on Ctrl+C); kill it if it hangs."""
+        """Ask the process to end: a task in flight stops at its next safe point and saves a checkpoint, as
+        on Ctrl+C (forwarded: a stop signal may have reached this process only); kill it if it hangs."""
+        if self.task is not None and self.process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGINT)
         with contextlib.suppress(OSError):
             self.connection.send(None)
         self.process.join(timeout=60)
@@ -315,6 +321,8 @@ class _Worker:
 
 
 def _worker_main(connection: Any, watched: Any, threads: int | None) -> None:
+    supervised()  # a second stop signal does not abandon the save: the orchestrator ends us if it must
+    stop_signals_interrupt()  # SIGTERM as Ctrl+C: between tasks it ends the process, in one it saves
     threading.Thread(target=exit_when_closed, args=(watched,), daemon=True).start()
     member = Member(threads)
     try:

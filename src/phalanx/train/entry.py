@@ -26,7 +26,13 @@ from phalanx.train.launch import (
 )
 from phalanx.train.learner import LearnerGroup
 from phalanx.train.loop import TrainingInterrupted, TrainResult
-from phalanx.train.run_dir import read_run_config, resumable_state
+from phalanx.train.run_dir import (
+    config_differences,
+    finished_summary,
+    read_run_config,
+    resumable_state,
+    set_aside,
+)
 from phalanx.train.trainer import Trainer
 
 
@@ -42,8 +48,48 @@ def train(
     this process is one learner of the group torchrun started. ``on_run_dir`` is told the run
     directory as soon as it exists. ``hooks`` (:class:`~phalanx.train.hooks.Hook`) are called by the
     training loop; in a group, by learner 0 alone.
+
+    With ``config.resume`` the run in ``config.run_dir`` is continued if there is one (a requeued job's
+    same command), and started there if there is none.
     """
-    return _run(_Request(config, show_progress, on_run_dir, check_hooks(hooks)))
+    hooks = check_hooks(hooks)
+    if config.resume:
+        continued = _continue_existing(config, show_progress, on_run_dir, hooks)
+        if continued is not None:
+            return continued
+    return _run(_Request(config, show_progress, on_run_dir, hooks))
+
+
+def _continue_existing(
+    config: TrainConfig,
+    show_progress: bool,
+    on_run_dir: Callable[[Path], None] | None,
+    hooks: list[Hook],
+) -> TrainResult | None:
+    """``resume``: the run in ``config.run_dir`` continued to ``config.total_steps`` (or found finished);
+    None where there is no run to continue (an empty or missing directory, or a run killed before its
+    first checkpoint, whose files are set aside in its ``attempts/``): the caller starts it."""
+    run_dir = Path(config.run_dir)  # validate() made sure resume has a run_dir
+    if not run_dir.is_dir() or not any(entry.name != "attempts" for entry in run_dir.iterdir()):
+        return None
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"--resume: {str(run_dir)!r} holds files but no phalanx run (its config.yaml is missing). "
+            "Point --run-dir at a run directory, or at a new or empty one to start the run there."
+        )
+    differences = config_differences(read_run_config(run_dir), config)
+    if differences:
+        raise ConfigError(
+            f"--resume: the run in {str(run_dir)!r} has another config than this command: "
+            + "; ".join(f"{key}: the run has {a!r}, the command {b!r}" for key, a, b in differences)
+            + ". Rerun the command the run was started with, or choose another --run-dir for a new run."
+        )
+    if CheckpointManager(run_dir).latest() is None:
+        set_aside(run_dir)  # killed before its first checkpoint: nothing to go on from
+        return None
+    if on_run_dir is not None:
+        on_run_dir(run_dir)
+    return resume(run_dir, config.total_steps, show_progress, hooks)
 
 
 def resume(
@@ -53,10 +99,14 @@ def resume(
     hooks: Sequence[Hook] = (),
 ) -> TrainResult:
     """Continue a run from its latest checkpoint, optionally with a larger ``total_steps``; ``hooks`` as
-    for :func:`train`."""
+    for :func:`train`. A run that finished, with no larger ``total_steps``, is left as it is: the result
+    has ``trained = False`` and the run's summary."""
     hooks = check_hooks(hooks)
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
+    finished = finished_summary(run_dir, total_steps)
+    if finished is not None:  # nothing left to train: every file stays as it is
+        return TrainResult(run_dir, finished, trained=False)
     state = None
     if not launched_by_torchrun() or os.environ["RANK"] == "0":  # under torchrun, learner 0 reads it
         state = resumable_state(run_dir, config, total_steps)

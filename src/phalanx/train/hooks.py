@@ -171,17 +171,34 @@ class Logging(Hook):
 
 
 class Checkpoints(Hook):
-    """A checkpoint every ``checkpoint_every`` env steps (0: only at the end); every learner of a group
-    takes part (learner 0 writes it with the others' shards)."""
+    """A checkpoint every ``checkpoint_every`` env steps (0: only at the end) and every
+    ``checkpoint_every_minutes`` of training (0: none by time), whichever comes first; every learner of a
+    group takes part (learner 0 writes it with the others' shards), at the same iteration."""
 
     def __init__(self, trainer: Trainer) -> None:
         every = trainer.config.checkpoint_every
         self.schedule = Schedule(every, next=every if every else math.inf)
+        self.seconds = 60.0 * trainer.config.checkpoint_every_minutes
+        self.saved_at: float | None = None  # the training clock at the last checkpoint (or the start)
 
     def after_iteration(self, trainer: Trainer) -> None:
-        if not self.schedule.due(trainer.steps):
+        if not (self.schedule.due(trainer.steps) or self.time_due(trainer)):
             return
         if trainer.is_main:  # the rows up to the checkpoint are on disk when it is
             trainer.logger.sync()
         trainer.save()
         self.schedule.advance(trainer.steps)
+        self.saved_at = trainer.stopwatch()
+
+    def time_due(self, trainer: Trainer) -> bool:
+        """Whether ``checkpoint_every_minutes`` have passed since the last checkpoint (in a group: on any
+        learner's clock, so that all save at the same iteration)."""
+        if not self.seconds:
+            return False
+        now = trainer.stopwatch()
+        if self.saved_at is None:
+            self.saved_at = now
+        due = now - self.saved_at >= self.seconds
+        if trainer.group is not None:
+            due = bool(trainer.group.maximum(int(due)))
+        return due

@@ -34,6 +34,7 @@ from phalanx.errors import ConfigError, PhalanxError
 from phalanx.train.interrupts import (
     deferred_interrupts,
     interrupts_blocked,
+    received_signal,
     request_stop_on_interrupt,
     unblock_interrupts,
 )
@@ -231,11 +232,13 @@ def _supervise(processes: list[Any], watched: Any, reports: _Reports, timeout: f
 
 
 def _forward_interrupt(processes: list[Any]) -> None:
-    """Ctrl+C: every learner is asked to stop (they agree on a step, save and exit)."""
+    """Ctrl+C or SIGTERM: every learner is asked to stop with the same signal (they agree on a step, save
+    and exit)."""
+    stop = signal.Signals[received_signal() or "SIGINT"]
     for process in processes:
         if process.exitcode is None and process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGINT)
+                os.kill(process.pid, stop)
 
 
 def _give_others_time(processes: list[Any], receive: Callable[[float], None], grace_s: float = 5.0) -> None:

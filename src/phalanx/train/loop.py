@@ -25,7 +25,7 @@ from phalanx.compiling import compile_seconds
 from phalanx.config import save_yaml
 from phalanx.train.collection import choose_collection
 from phalanx.train.hooks import Hook, Schedule, check_hooks
-from phalanx.train.interrupts import Insisted, deferred_interrupts
+from phalanx.train.interrupts import Insisted, deferred_interrupts, received_signal
 from phalanx.train.logging import RunLogger, Stopwatch
 from phalanx.train.plots import plot_curve
 from phalanx.train.summary import write_summary
@@ -33,22 +33,28 @@ from phalanx.train.summary import write_summary
 if TYPE_CHECKING:
     from phalanx.train.trainer import Trainer
 
-INSISTED = "a second Ctrl+C stopped the run at once, unsaved: resume goes on from its latest checkpoint"
+INSISTED = (
+    "a second stop signal (Ctrl+C, SIGTERM) stopped the run at once, unsaved: resume goes on from its "
+    "latest checkpoint"
+)
 
 
 @dataclass
 class TrainResult:
     run_dir: Path
     summary: dict[str, Any]
+    trained: bool = True
+    """False where a resume found nothing left to train (the run had finished): no file was changed."""
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl+C during training: a checkpoint was saved; the run can be resumed."""
+    """Ctrl+C or SIGTERM during training: a checkpoint was saved; the run can be resumed."""
 
     def __init__(self, run_dir: Path, steps: int, checkpoint: Path) -> None:
+        by = received_signal()
         super().__init__(
-            f"interrupted at step {steps:,}; checkpoint saved to {checkpoint}. "
-            f"Continue with `phalanx resume {run_dir}`."
+            f"interrupted{f' by {by}' if by else ''} at step {steps:,}; checkpoint saved to {checkpoint}. "
+            f"Continue with `phalanx resume {run_dir}` (or the same `phalanx train` command with --resume)."
         )
         self.run_dir = run_dir
         self.steps = steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ def default_run_dir(config: TrainConfig) -> Path:
 
 def create_run_dir(config: TrainConfig) -> Path:
     run_dir = Path(config.run_dir) if config.run_dir else default_run_dir(config)
-    if run_dir.exists() and any(run_dir.iterdir()):
+    # attempts/: earlier attempts of this run that ended before their first checkpoint (set_aside)
+    if run_dir.exists() and any(entry.name != "attempts" for entry in run_dir.iterdir()):
         raise ConfigError(
             f"run directory {str(run_dir)!r} already exists and is not empty; "
             "phalanx never overwrites a run. "
-            f"Continue it with `phalanx resume {run_dir}`, or choose another --run-dir."
+            f"Continue it with `phalanx resume {run_dir}` (or this command with --resume, which starts the "
+            "run where there is none and continues it where there is), or choose another --run-dir."
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -74,12 +77,45 @@ def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None)
     return state
 
 
+def finished_summary(run_dir: Path, total_steps: int | None) -> dict[str, Any] | None:
+    """The summary of a run that finished (its budget spent, or stopped by its stop_return or a hook) and
+    has nothing left to train up to ``total_steps`` (None: its own budget); None where there is work left
+    (an interrupted, failed or killed run, or a larger ``total_steps``)."""
+    path = run_dir / "summary.json"
+    latest = CheckpointManager(run_dir).latest()
+    if not path.is_file() or latest is None:
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("interrupted") or summary.get("error") is not None:
+        return None
+    if latest.name != f"step_{summary['total_steps']}":  # a later run went on and was killed
+        return None
+    if total_steps is not None and total_steps > summary["total_steps"]:
+        return None
+    return summary
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move what a run directory holds into its ``attempts/<n>/`` (a run that was killed before its first
+    checkpoint: nothing to continue from), so that the run starts again there; nothing is deleted."""
+    attempts = run_dir / "attempts"
+    number = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
+    target = attempts / str(number)
+    target.mkdir(parents=True)
+    for entry in list(run_dir.iterdir()):
+        if entry.name != "attempts":
+            entry.rename(target / entry.name)
+    return target
+
+
 def config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
     # Settings that change how fast a run goes, not what it computes, may differ on resume (compile: the
     # same computation up to float rounding, and checkpoints load in either mode), and so may where it is
     # tracked (a resumed run's W&B run continues from the id in its run directory).
     ignored = {
         "compile",
+        "resume",
+        "checkpoint_every_minutes",
         "track",
         "wandb_project",
         "wandb_entity",

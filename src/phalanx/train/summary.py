@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from phalanx.files import write_text_atomic
+from phalanx.train.interrupts import received_signal
 
 if TYPE_CHECKING:
     from phalanx.train.trainer import Trainer
@@ -38,6 +39,7 @@ def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None)
         "best_eval_steps": trainer.evaluator.best_steps if evaluation else None,
         "buffer_bytes": trainer.buffer.nbytes,
         "interrupted": interrupted,
+        "signal": received_signal() if interrupted else None,  # SIGINT (Ctrl+C), SIGTERM; None: a request
         "error": error,
         "run_dir": str(trainer.run_dir),
         "latest_checkpoint": str(trainer.checkpoints.latest()) if trainer.checkpoints.latest() else None,
