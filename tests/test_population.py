@@ -654,7 +654,8 @@ def test_killed_or_interrupted_population_resumes_without_losing_evaluations(tmp
     """SIGKILL and Ctrl+C reach the whole process group; SIGTERM (kill, docker stop) the orchestrator
     alone, which asks the members in flight to save."""
     directory = tmp_path / "pop"
-    process = _run_cli_until_reports(directory, reports=3, extra=["--backend", "process"])
+    extra = ["--backend", "process", *(["--resume"] if signal_name == "SIGTERM" else [])]
+    process = _run_cli_until_reports(directory, reports=3, extra=extra)
     if signal_name == "SIGTERM":
         process.send_signal(signal.SIGTERM)
     else:
@@ -670,13 +671,28 @@ def test_killed_or_interrupted_population_resumes_without_losing_evaluations(tmp
         time.sleep(0.2)
     assert _processes_in_group(process.pid) == []
 
-    result = resume_population(directory, show_progress=False)
+    if signal_name == "SIGTERM":  # a requeued job: the same command (with --resume) continues it
+        assert main(process.args[3:]) == 0
+    else:
+        assert resume_population(directory, show_progress=False).best_run_dir.is_dir()
     after = Leaderboard.load(directory)
     assert all(m.status == "finished" and m.steps == 3 * STEPS for m in after.members.values())
     for member, scores in scored_before.items():
         assert after.members[member].scores[: len(scores)] == scores  # nothing evaluated is lost
     assert any(e["event"] == "resume" for e in decisions(directory))
-    assert result.best_run_dir.is_dir()
+
+
+def test_resume_starts_a_population_then_continues_it_and_refuses_other_settings(tmp_path):
+    directory = tmp_path / "pop"
+    first = run_population(tiny_population(directory, base=tiny_base(total_steps=STEPS, resume=True)), False)
+    assert all(m.steps == STEPS for m in Leaderboard.load(directory).members.values())
+    longer = tiny_population(directory, base=tiny_base(total_steps=2 * STEPS, resume=True))
+    assert run_population(longer, show_progress=False).best_member is not None  # continued, not refused
+    assert all(m.steps == 2 * STEPS for m in Leaderboard.load(directory).members.values())
+    assert first.directory == directory
+    other = tiny_population(directory, size=5, base=tiny_base(total_steps=2 * STEPS, resume=True))
+    with pytest.raises(ConfigError, match="other settings than this command: size: the population has 4"):
+        run_population(other, show_progress=False)
 
 
 def _processes_in_group(group: int) -> list[str]:

@@ -138,7 +138,8 @@ class TrainConfig:
     resume: bool = False
     """With run_dir: continue the run there from its latest checkpoint if there is one, else start it
     there, so that one command both starts a cluster job and continues it when the scheduler requeues
-    it after a preemption (docs/cluster.md). Refused if that run has another config."""
+    it after a preemption (docs/cluster.md). Refused if that run has another config. In a population's
+    base config: the same for the population in its --dir."""
     stop_return: float | None = None
     """Stop when the deterministic evaluation mean return reaches this value."""
     eval_every: int = 50_000
@@ -255,11 +256,7 @@ class TrainConfig:
         number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
         expected = "a number of minutes >= 0 (0: off)"
         check(number and minutes >= 0, "checkpoint_every_minutes", minutes, expected)
-        if self.resume and not self.run_dir:
-            raise ConfigError(
-                "resume = true needs run_dir: the directory whose run to continue, or to start the run in "
-                "when it holds none. Pass --run-dir DIR with --resume."
-            )
+
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
         self._check_count("log_every", 1)
         self._check_count("torch_threads", 0)

@@ -458,6 +458,7 @@ def member_config(
         seed=seed,
         run_dir=str(run_dir),
         eval_process=False,
+        resume=False,  # the population's own (--resume): a member goes on from its checkpoint anyway
         hyperparameters=dataclasses.replace(config.base.hyperparameters, **hyperparameters),
     )
     member.validate()

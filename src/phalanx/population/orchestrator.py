@@ -51,10 +51,11 @@ from phalanx.population.evolution import (
     split,
     tournament_donor,
 )
-from phalanx.population.leaderboard import Leaderboard, MemberRecord, format_hyperparameters
+from phalanx.population.leaderboard import LIVE, Leaderboard, MemberRecord, format_hyperparameters
 from phalanx.registry import trainer_class, vectorized_population
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import picklable_factory
+from phalanx.train.run_dir import config_differences
 
 MEMBER_SEED_STRIDE = 10_000
 """Member k trains with seed base.seed + k * MEMBER_SEED_STRIDE (its sub-envs' seeds do not overlap)."""
@@ -629,6 +630,10 @@ class VectorizedRun:
 def run_population(config: PopulationConfig, show_progress: bool = True) -> PopulationResult:
     """Train a population from ``config`` in a new population directory; returns the best member."""
     config.validate()
+    if config.base.resume:
+        continued = _continue_existing(config, show_progress)
+        if continued is not None:
+            return continued
     backend = _backend(config) if config.backend != "vectorized" else None
     try:
         directory = Path(config.directory) if config.directory else default_directory(config)
@@ -661,16 +666,54 @@ def run_population(config: PopulationConfig, show_progress: bool = True) -> Popu
     return orchestrator.run()
 
 
-def resume_population(directory: str | Path, show_progress: bool = True) -> PopulationResult:
-    """Continue a population from its leaderboard and its members' last checkpoints."""
+def _continue_existing(config: PopulationConfig, show_progress: bool) -> PopulationResult | None:
+    """``--resume`` (the base config's ``resume``): the population in ``config.directory`` continued, if
+    there is one with the same settings; None where there is none (the caller starts it there)."""
+    if not config.directory:
+        raise ConfigError(
+            "--resume needs --dir: the population directory to continue, or to start the population in when "
+            "it holds none."
+        )
+    directory = Path(config.directory)
+    if not (directory / "leaderboard.json").exists():
+        return None
+    saved = PopulationConfig.from_yaml(directory / "population.yaml")
+    differences = population_differences(saved, config)
+    if differences:
+        raise ConfigError(
+            f"--resume: the population in {str(directory)!r} has other settings than this command: "
+            + "; ".join(f"{key}: the population has {a!r}, the command {b!r}" for key, a, b in differences)
+            + ". Rerun the command it was started with, or choose another --dir for a new population."
+        )
+    return resume_population(directory, show_progress, total_steps=config.base.total_steps)
+
+
+def population_differences(saved: PopulationConfig, current: PopulationConfig) -> list[tuple[str, Any, Any]]:
+    """What makes ``current`` another population than ``saved``: its selection and mutations, and the
+    members' config as a run's resume compares it; where it runs (backend, resources) may change."""
+    ignored = {"base", "directory", "backend", "resources", "address", "fallback", "max_restarts"}
+    a, b = saved.to_dict(), current.to_dict()
+    differences = [(k, a[k], b.get(k)) for k in a if k not in ignored and a[k] != b.get(k)]
+    return differences + [(f"base.{key}", x, y) for key, x, y in config_differences(saved.base, current.base)]
+
+
+def resume_population(
+    directory: str | Path, show_progress: bool = True, total_steps: int | None = None
+) -> PopulationResult:
+    """Continue a population from its leaderboard and its members' last checkpoints; ``total_steps``: a
+    new budget per member (kept in population.yaml)."""
     directory = Path(directory)
     board = Leaderboard.load(directory)
     config = PopulationConfig.from_yaml(directory / "population.yaml")
+    if total_steps is not None and total_steps != config.base.total_steps:
+        config.base.total_steps = total_steps
+        config.save(directory / "population.yaml")
     config.validate()
     if config.backend == "vectorized":
         return VectorizedRun(config, board, _say(show_progress), resume=True).run()
-    for member in board.live():
-        member.status = "waiting"
+    for member in board.members.values():  # a larger budget wakes the finished members too
+        if member.status in LIVE or (member.status == "finished" and member.steps < config.base.total_steps):
+            member.status = "waiting"
     backend = _backend(config)
     try:
         orchestrator = Orchestrator(config, board, backend, _say(show_progress))

@@ -69,7 +69,12 @@ def _continue_existing(
     """``resume``: the run in ``config.run_dir`` continued to ``config.total_steps`` (or found finished);
     None where there is no run to continue (an empty or missing directory, or a run killed before its
     first checkpoint, whose files are set aside in its ``attempts/``): the caller starts it."""
-    run_dir = Path(config.run_dir)  # validate() made sure resume has a run_dir
+    if not config.run_dir:
+        raise ConfigError(
+            "resume = true needs run_dir: the directory whose run to continue, or to start the run in when "
+            "it holds none. Pass --run-dir DIR with --resume."
+        )
+    run_dir = Path(config.run_dir)
     if not run_dir.is_dir() or not any(entry.name != "attempts" for entry in run_dir.iterdir()):
         return None
     if not (run_dir / "config.yaml").is_file():
