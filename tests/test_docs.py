@@ -21,9 +21,10 @@ Conventions of the Markdown source (a contributor's reference; the rendered docs
   ``<!-- run by tests/test_docs.py only with -m slow: REASON -->``: a bash block that runs only in the
   slow suite (``make test-all``), to keep the default suite's time. Both kinds are listed by
   :func:`test_blocks_not_run_here_say_why`, one skipped test each with its reason.
-- Budgets: scripts and commands run with ``PHALANX_MAX_STEPS`` set (an environment variable the docs never
-  show), which caps every run's ``total_steps`` (``phalanx.config.TrainConfig``), so a documented
-  1M-step run ends after a few thousand steps. A command with ``--stop-return`` runs its whole budget:
+- Budgets: scripts and commands run with ``tests/docs_budget`` on their PYTHONPATH and
+  ``PHALANX_DOCS_MAX_STEPS`` set: its ``sitecustomize`` caps every run's ``total_steps``, so a documented
+  1M-step run ends after a few thousand steps (phalanx itself reads no such variable). A command with
+  ``--stop-return`` runs its whole budget:
   it must reach the return, or it exits 1.
 - The scripts and pages run in the background, two at a time (:class:`BlockRunner`); each test waits
   for its own.
@@ -46,6 +47,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -62,7 +64,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONTINUES = "# (continues the block above)"
 MARKER = re.compile(r"^<!-- (not run by|run by) tests/test_docs\.py(?: only with -m slow)?: (.+?) -->$")
 LANGUAGES = ("python", "bash", "yaml", "text")
-MAX_STEPS = 2048  # PHALANX_MAX_STEPS of every script and command (but those with --stop-return)
+MAX_STEPS = 2048  # PHALANX_DOCS_MAX_STEPS of every script and command (but those with --stop-return)
+BUDGET = ROOT / "tests" / "docs_budget"  # its sitecustomize.py applies the cap
 TIMEOUT_S = 900  # per script or command: generous, for a loaded machine
 
 
@@ -138,10 +141,12 @@ def run_env(max_steps: int | None = MAX_STEPS, path: Path | None = None) -> dict
     PYTHONPATH would not survive the change of directory), one torch thread per process, the step cap."""
     source = str(Path(phalanx.__file__).resolve().parents[1])
     env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.pop("PHALANX_MAX_STEPS", None)
+    paths = [source, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env.pop("PHALANX_DOCS_MAX_STEPS", None)
     if max_steps is not None:
-        env["PHALANX_MAX_STEPS"] = str(max_steps)
+        env["PHALANX_DOCS_MAX_STEPS"] = str(max_steps)
+        paths.insert(0, str(BUDGET))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     if path is not None:
         env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
     return env
@@ -239,16 +244,33 @@ NOT_RUN_HERE = [
 ]
 
 
+# What keeps a block off a CI machine: a reason must name one of these (or it is a block to run).
+CANNOT_RUN_ON_CI = re.compile(
+    r"GPU|CUDA|Ray cluster|server|PostgreSQL|wandb\.ai|install|\bmake\b|machines|cores|minutes", re.I
+)
+
+
 @pytest.mark.parametrize("block", NOT_RUN_HERE, ids=[block.where for block in NOT_RUN_HERE])
 def test_blocks_not_run_here_say_why(block):
-    """The blocks the default suite does not run, each with its reason (``pytest -rs`` lists them)."""
+    """The blocks the default suite does not run, each with its reason (``pytest -rs`` lists them); a
+    reason that names nothing a CI machine lacks, a slow marker on a block that is not a command, or a
+    block whose requirement is met here and still does not run, fails."""
     if block.not_run:
+        assert CANNOT_RUN_ON_CI.search(block.not_run), (
+            f"{block.where}: 'not run' because {block.not_run!r}, which names nothing a CI machine lacks "
+            f"(a GPU, a cluster, a server, an account, installing, minutes of training): run the block"
+        )
         pytest.skip(f"{block.where} is not run: {block.not_run}")
     if block.slow:
+        assert block.language == "bash", f"{block.where}: only bash blocks run with -m slow"
         pytest.skip(f"{block.where} runs only with -m slow (make test-all): {block.slow}")
     missing = missing_requirement(block.code)
     if missing:
         pytest.skip(f"{block.where} is not run here: it {missing}")
+    run_here = [b for chain in python_chains() for b in chain] + [
+        b for blocks in BLOCKS.values() for b in blocks if b.language == "bash"
+    ]
+    assert block in run_here, f"{block.where}: its requirements are met here, yet no test runs it"
 
 
 def test_not_run_markers_are_well_formed():
@@ -511,18 +533,31 @@ def test_architecture_page_names_every_module():
     assert not missing, f"docs/architecture.md does not name {missing}"
 
 
-def test_max_steps_caps_every_run_budget(monkeypatch):
-    """PHALANX_MAX_STEPS, which the scripts and commands above run with, caps total_steps wherever a
-    config comes from; without it nothing changes."""
-    from phalanx.config import TrainConfig, make_config
-
-    assert make_config("ppo", "CartPole-v1").total_steps > 3000  # the preset's budget
-    monkeypatch.setenv("PHALANX_MAX_STEPS", "3000")
-    assert make_config("ppo", "CartPole-v1").total_steps == 3000
-    assert make_config("ppo", "CartPole-v1", total_steps=1000).total_steps == 1000
-    config = TrainConfig.from_dict({"algo": "sac", "env": "Pendulum-v1", "total_steps": 10**6})
-    assert config.total_steps == 3000
-    assert dataclasses.replace(config, total_steps=10**7).total_steps == 3000
+def test_the_docs_step_cap_caps_every_run_and_phalanx_reads_no_such_variable(tmp_path):
+    """The cap the scripts and commands above run with caps total_steps wherever a config comes from;
+    without tests/docs_budget on the path nothing changes, whatever the environment holds."""
+    script = tmp_path / "budget.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import dataclasses
+            from phalanx.config import TrainConfig, make_config
+            print(make_config("ppo", "CartPole-v1").total_steps)
+            print(make_config("ppo", "CartPole-v1", total_steps=1000).total_steps)
+            config = TrainConfig.from_dict({"algo": "sac", "env": "Pendulum-v1", "total_steps": 10**6})
+            print(config.total_steps, dataclasses.replace(config, total_steps=10**7).total_steps)
+            """
+        )
+    )
+    capped = subprocess.run([sys.executable, str(script)], env=run_env(3000), capture_output=True, text=True)
+    assert capped.stdout.split() == ["3000", "1000", "3000", "3000"], capped.stderr
+    free = subprocess.run(
+        [sys.executable, str(script)],
+        env={**run_env(None), "PHALANX_DOCS_MAX_STEPS": "3000", "PHALANX_MAX_STEPS": "3000"},
+        capture_output=True,
+        text=True,
+    )
+    assert free.stdout.split() == ["500000", "1000", "1000000", "10000000"], free.stderr
 
 
 # -- links -------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from phalanx.registry import (
     agent_class,
     config_class,
     get_algorithm,
-    learning_rule,
     trainer_class,
 )
 
@@ -176,7 +175,6 @@ def test_every_algorithm_row_names_classes_that_agree(name):
     assert algorithm.name == name and algorithm.config_class is config_class(name)
     assert trainer_class(name).__name__ == ("MultiAgentTrainer" if algorithm.multi_agent else "Trainer")
     assert agent_class(name).__name__ == ("MultiAgentAgent" if algorithm.multi_agent else "Agent")
-    assert learning_rule(name) is None or callable(learning_rule(name))
 
 
 def test_unknown_algorithm_names_the_closest_and_all():

@@ -201,15 +201,6 @@ class TrainConfig:
     hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)
     """The algorithm's hyperparameters."""
 
-    def __post_init__(self) -> None:
-        # For tests only: tests/test_docs.py runs the docs' scripts and commands with PHALANX_MAX_STEPS
-        # set, which caps the budget of every run, so that a documented 1M-step run ends after a few
-        # thousand steps. Every TrainConfig passes here (make_config, the CLI, YAML files, resume, the
-        # Trainer's copy, population members), so no run escapes the cap.
-        cap = os.environ.get("PHALANX_MAX_STEPS")
-        if cap and is_int(self.total_steps):
-            self.total_steps = min(self.total_steps, int(cap))
-
     def validate(self) -> None:
         """Check every field; raise ConfigError naming the field, the value and the fix."""
         check(self.algo in algorithm_names(), "algo", self.algo, f"one of {algorithm_names()}")

@@ -1,4 +1,4 @@
-"""The algorithm table: a name -> where its config, algorithm, learning rule, trainer and agent live.
+"""The algorithm table: a name -> where its config, algorithm, trainer and agent live.
 
 Each part is named as ``"module:attribute"`` and imported on first use, so that this table sits at the
 bottom of the layers (it imports nothing of phalanx but errors) while naming classes of every layer:
@@ -31,9 +31,6 @@ class Registration:
     """The trainer class that runs it."""
     agent: str
     """The deployed agent class ``phalanx.load_agent`` gives for its runs."""
-    rule: str | None = None
-    """Its learning rule, written once for one agent or P members with a leading member dimension and
-    shared with its vectorized population (None: the rule is written in the algorithm's ``update``)."""
     population: str | None = None
     """Its vectorized population (P members as one batched run: ``phalanx population run --backend
     vectorized``), or None where it has none."""
@@ -46,17 +43,15 @@ def _row(
     module: str,
     algorithm: str,
     runtime: tuple[str, str],
-    rule: str | None = None,
     population: str | None = None,
     recurrent: str | None = None,
 ) -> Registration:
     trainer, agent = runtime
     return Registration(
-        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, rule, population, recurrent
+        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, population, recurrent
     )
 
 
-_ACTOR_CRITIC = "phalanx.algos.ppo:actor_critic_loss"
 _VECTORIZED = "phalanx.population.vectorized"
 _VECTORIZED_OFF_POLICY = "phalanx.population.vectorized_off_policy"
 
@@ -66,7 +61,6 @@ ALGORITHMS: dict[str, Registration] = {
         "phalanx.algos.ppo",
         "PPO",
         _SINGLE_AGENT,
-        _ACTOR_CRITIC,
         f"{_VECTORIZED}:VectorizedPPO",
         recurrent="phalanx.algos.recurrent:RecurrentPPO",
     ),
@@ -74,29 +68,26 @@ ALGORITHMS: dict[str, Registration] = {
         "phalanx.algos.ppo",
         "A2C",
         _SINGLE_AGENT,
-        _ACTOR_CRITIC,
         recurrent="phalanx.algos.recurrent:RecurrentA2C",
     ),
     "dqn": _row("phalanx.algos.dqn", "DQN", _SINGLE_AGENT),
     "double-dqn": _row("phalanx.algos.dqn", "DoubleDQN", _SINGLE_AGENT),
     "dueling-dqn": _row("phalanx.algos.dqn", "DuelingDQN", _SINGLE_AGENT),
     "d3qn": _row("phalanx.algos.dqn", "D3QN", _SINGLE_AGENT),
-    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT, "phalanx.algos.ddpg:DDPGRule"),
+    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT),
     "td3": _row(
         "phalanx.algos.td3",
         "TD3",
         _SINGLE_AGENT,
-        "phalanx.algos.td3:TD3Rule",
         f"{_VECTORIZED_OFF_POLICY}:VectorizedTD3",
     ),
     "sac": _row(
         "phalanx.algos.sac",
         "SAC",
         _SINGLE_AGENT,
-        "phalanx.algos.sac:SACRule",
         f"{_VECTORIZED_OFF_POLICY}:VectorizedSAC",
     ),
-    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT, "phalanx.algos.sac:SACRule"),
+    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT),
     "mappo": _row("phalanx.marl.mappo", "MAPPO", _MULTI_AGENT),
     "ippo": _row("phalanx.marl.mappo", "IPPO", _MULTI_AGENT),
     "qmix": _row("phalanx.marl.qmix", "QMIX", _MULTI_AGENT),
@@ -164,13 +155,6 @@ def no_recurrent_policy(name: str) -> ConfigError:
         f"{', '.join(RECURRENT_SETTINGS[1:])}) exist for {have}. Use one of those with --recurrent lstm, "
         f"or drop the recurrent settings for {name}."
     )
-
-
-def learning_rule(name: str) -> Any:
-    """The learning rule of ``name`` (a loss function, or a rule class with ``update``), or None where
-    its ``update`` holds the rule."""
-    rule = registration(name).rule
-    return None if rule is None else resolve(rule)
 
 
 def algorithms_reading(kind: str, action_space: Any = None) -> list[str]:

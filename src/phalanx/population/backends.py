@@ -38,7 +38,7 @@ from phalanx.errors import CheckpointError, ConfigError, import_optional
 from phalanx.registry import trainer_class
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.handover import HandOver
-from phalanx.train.interrupts import stop_signals_interrupt, supervised
+from phalanx.train.interrupts import received_signal, stop_signals_interrupt, supervised
 from phalanx.train.launch import available_cores, exit_when_closed
 from phalanx.train.loop import TrainingInterrupted
 
@@ -309,7 +309,7 @@ class _Worker:
         on Ctrl+C (forwarded: a stop signal may have reached this process only); kill it if it hangs."""
         if self.task is not None and self.process.is_alive():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGINT)
+                os.kill(self.process.pid, signal.Signals[received_signal() or "SIGINT"])
         with contextlib.suppress(OSError):
             self.connection.send(None)
         self.process.join(timeout=60)
