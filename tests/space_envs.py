@@ -87,3 +87,21 @@ class MultiDiscreteEnv(gym.Env):
         if action.shape != (2,) or not self.action_space.contains(action.astype(np.int64)):
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         return action.astype(np.float32), 0.0, False, False, {}
+
+
+class ShiftedCartPole(gym.Env):
+    """CartPole-v1 whose two actions are ``start`` and ``start + 1`` (``Discrete(2, start=start)``); an
+    action outside that space raises, as a strict simulator would."""
+
+    def __init__(self, start: int = 5) -> None:
+        self.inner = gym.make("CartPole-v1", max_episode_steps=50)
+        self.observation_space = self.inner.observation_space
+        self.action_space = gym.spaces.Discrete(2, start=start)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if not self.action_space.contains(int(action)):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        return self.inner.step(int(action) - int(self.action_space.start))

@@ -12,7 +12,7 @@ from space_envs import DictEnv, MultiDiscreteEnv, PixelEnv
 from phalanx.envs.check import check_vec_env
 from phalanx.envs.core import EpisodeStatistics, VecEnv, flat_observation, tensor_space
 from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
-from phalanx.envs.wrappers import FrameStack, NanGuard, NormalizeObservation
+from phalanx.envs.wrappers import FrameStack, NanGuard, NormalizeObservation, RescaleAction
 from phalanx.errors import ConfigError, EnvError
 
 torch.set_num_threads(1)
@@ -25,9 +25,9 @@ def test_tensor_space_keeps_uint8_dict_and_multidiscrete():
     assert tensor_space(gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float64), "observation").dtype == np.float32
     parts = gym.spaces.Dict({"b": gym.spaces.Box(0, 1, (2,)), "a": gym.spaces.Discrete(3)})
     assert tensor_space(parts, "observation") is parts
-    assert tensor_space(gym.spaces.MultiDiscrete([3, 4], start=[1, 0]), "action") == gym.spaces.MultiDiscrete(
-        [3, 4]
-    )
+    shifted = gym.spaces.MultiDiscrete([3, 4], start=[1, 0])
+    assert tensor_space(shifted, "action") == shifted  # its start kept: RescaleAction shifts the agent's
+    assert tensor_space(gym.spaces.Discrete(3, start=-2), "action") == gym.spaces.Discrete(3, start=-2)
     assert tensor_space(gym.spaces.MultiDiscrete([[2, 2]]), "action") is None  # two-dimensional nvec
     assert tensor_space(gym.spaces.Dict({"text": gym.spaces.Text(4)}), "observation") is None
 
@@ -117,19 +117,37 @@ def test_dict_observations_are_flat_float32_in_flatten_order():
 
 
 def test_multidiscrete_actions_reach_the_env_with_its_start():
+    """The adapters present the simulator's space (start included) and pass actions as they are; the
+    agent's, from 0, are shifted by RescaleAction."""
     for env in (
         GymnasiumVecEnv(MultiDiscreteEnv, num_envs=3),
         ProcessVecEnv(MultiDiscreteEnv, num_envs=2, num_workers=2),
     ):
-        assert env.single_action_space == gym.spaces.MultiDiscrete([3, 4])
+        assert env.single_action_space == gym.spaces.MultiDiscrete([3, 4], start=[1, -2])
         env.reset(seed=0)
-        actions = torch.tensor([[0, 0], [2, 3], [1, 2]])[: env.num_envs]
+        actions = torch.tensor([[1, -2], [3, 1], [2, 0]])[: env.num_envs]
         obs, *_ = env.step(actions)
-        assert obs.tolist() == (actions + torch.tensor([1, -2])).float().tolist()  # the env's start added
+        assert obs.tolist() == actions.float().tolist()
+        agent = RescaleAction(env)
+        assert agent.single_action_space == gym.spaces.MultiDiscrete([3, 4])
+        obs, *_ = agent.step(actions - torch.tensor([1, -2]))
+        assert obs.tolist() == actions.float().tolist()  # the env's start added
         with pytest.raises(EnvError, match="actions have shape"):
             env.step(torch.zeros(env.num_envs, dtype=torch.int64))
         assert check_vec_env(env, num_steps=10).num_steps == 10
         env.close()
+
+
+def test_rescale_action_shifts_discrete_actions_and_leaves_those_from_0_alone():
+    from space_envs import ShiftedCartPole
+
+    env = RescaleAction(GymnasiumVecEnv(lambda: ShiftedCartPole(start=-3), num_envs=2))
+    assert env.single_action_space == gym.spaces.Discrete(2)
+    env.reset(seed=0)
+    env.step(torch.tensor([0, 1]))  # -3 and -2 reach the env, which raises on anything else
+    with pytest.raises(Exception, match="is not in Discrete"):
+        env.env.step(torch.tensor([0, 1]))  # the raw adapter passes them as they are
+    env.close()
 
 
 def test_nan_guard_and_normalization_take_uint8():

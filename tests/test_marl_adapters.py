@@ -267,7 +267,15 @@ class Elimination(_ParallelEnv):
 
     metadata = {"name": "elimination_v0"}
 
-    def __init__(self, episode: int = 4, die_at: int = 2, crash_at: int | None = None, obs: str = "masked"):
+    def __init__(
+        self,
+        episode: int = 4,
+        die_at: int = 2,
+        crash_at: int | None = None,
+        obs: str = "masked",
+        action_start: int = 0,
+    ):
+        self.action_start = action_start  # actions are Discrete(3, start=action_start); others raise
         self.possible_agents = ["scout_0", "scout_1", "base"]
         self.agents: list[str] = []
         self.episode, self.die_at, self.crash_at, self.obs = episode, die_at, crash_at, obs
@@ -287,7 +295,7 @@ class Elimination(_ParallelEnv):
         )
 
     def action_space(self, agent):
-        return gym.spaces.Discrete(3)
+        return gym.spaces.Discrete(3, start=self.action_start)
 
     def _mask(self):
         return np.array([1, 1, self.t % 2 if self.obs == "masked" else 1], np.int8)
@@ -309,7 +317,10 @@ class Elimination(_ParallelEnv):
         return {agent: self._obs(agent) for agent in self.agents}, {agent: {} for agent in self.agents}
 
     def step(self, actions):
+        actions = {agent: int(action) - self.action_start for agent, action in actions.items()}
         for agent in self.agents:
+            if not 0 <= actions[agent] < 3:
+                raise ValueError(f"{agent}: action {actions[agent] + self.action_start} is not in its space")
             if not self._mask()[actions[agent]]:
                 raise ValueError(f"{agent}: action {actions[agent]} is masked at t={self.t}")
         self.t += 1
@@ -554,6 +565,37 @@ def test_close_and_garbage_collection_leave_no_worker():
     del env
     gc.collect()
     assert wait_gone(pids) == []
+
+
+def _shifted_elimination(num_envs, device="cpu", obs="masked"):
+    from phalanx.marl.adapters import PettingZooVecEnv
+
+    factory = functools.partial(Elimination, obs=obs, action_start=-2)
+    return PettingZooVecEnv(factory, num_envs=num_envs, device=device)
+
+
+@pytest.mark.parametrize(("algo", "obs"), [("mappo", "discrete"), ("qmix", "masked")])
+def test_multi_agent_actions_reach_the_env_inside_a_space_that_starts_away_from_0(tmp_path, algo, obs):
+    """Elimination's actions are Discrete(3, start=-2) and it raises on any other: training (qmix with its
+    action masks, read by index), evaluation and the deployed agent stay inside the space."""
+    _parallel_env_base()
+    import phalanx
+    from phalanx.marl.registry import _REGISTERED, register_multi_agent_env
+
+    register_multi_agent_env(
+        "ShiftedElimination-v0", functools.partial(_shifted_elimination, obs=obs), overwrite=True
+    )
+    try:
+        settings = dict(num_envs=4, total_steps=256, eval_every=128, eval_episodes=2, log_every=64)
+        if algo == "qmix":
+            settings.update(learning_starts=32, batch_size=16)
+        config = phalanx.make_config(algo, "ShiftedElimination-v0", run_dir=str(tmp_path / "run"), **settings)
+        result = phalanx.train(config, show_progress=False)
+        assert result.summary["error"] is None and result.summary["total_steps"] >= 256
+        agent = phalanx.load_agent(result.run_dir)
+        assert agent.evaluate(episodes=2).mean is not None  # steps the env, which raises outside the space
+    finally:
+        _REGISTERED.pop("ShiftedElimination-v0", None)
 
 
 @linux_only

@@ -18,7 +18,6 @@ from phalanx.nets import (
     EnsembleMLP,
     GaussianPolicy,
     ValueNet,
-    make_policy,
     mlp,
     obs_dim,
 )
@@ -297,34 +296,6 @@ def test_value_net_shape() -> None:
 
 
 # -- spaces ------------------------------------------------------------------------------------------
-
-
-def test_make_policy_picks_the_head_from_the_spaces() -> None:
-    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    categorical = make_policy(observation_space, gym.spaces.Discrete(3), (8,), "tanh")
-    assert isinstance(categorical, CategoricalPolicy) and categorical.num_actions == 3
-    gaussian = make_policy(observation_space, gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32), (8,), "relu")
-    assert isinstance(gaussian, GaussianPolicy) and gaussian.action_dim == 6
-    assert gaussian(torch.randn(5, 4))[0].shape == (5, 6)
-
-
-def test_make_policy_rejects_unsupported_spaces() -> None:
-    box = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    tuple_space = gym.spaces.Tuple((box,))
-    with pytest.raises(ValueError, match="Tuple") as error:
-        make_policy(tuple_space, gym.spaces.Discrete(2), (8,), "tanh")
-    assert "1-D Box" in str(error.value)
-    with pytest.raises(ValueError, match="MultiBinary") as error:
-        make_policy(box, gym.spaces.MultiBinary(3), (8,), "tanh")
-    assert "MultiDiscrete" in str(error.value) and "Box" in str(error.value)
-    with pytest.raises(ValueError, match=r"start at 0 \(start=\[1, 0\]\)"):
-        make_policy(box, gym.spaces.MultiDiscrete([2, 3], start=[1, 0]), (8,), "tanh")
-    with pytest.raises(ValueError, match=r"nvec has shape \(2, 2\)"):
-        make_policy(box, gym.spaces.MultiDiscrete([[2, 3], [2, 2]]), (8,), "tanh")
-    with pytest.raises(ValueError, match="1-D Box"):
-        make_policy(gym.spaces.Box(0.0, 1.0, (8, 8), np.float32), gym.spaces.Discrete(2), (8,), "tanh")
-    with pytest.raises(ValueError, match="start"):
-        make_policy(box, gym.spaces.Discrete(3, start=1), (8,), "tanh")
 
 
 def test_obs_dim() -> None:

@@ -143,14 +143,20 @@ class BadDictEnv(_CueEnv):
 
 
 class ShiftedDialsEnv(TwoDialsEnv):
+    """TwoDials with ``MultiDiscrete([3, 2], start=[1, -4])``: the same task, its actions shifted; an action
+    outside the space raises, as a strict simulator would."""
+
+    START = (1, -4)
+
     def __init__(self, num_envs=1, device="cpu"):
-        _CueEnv.__init__(
-            self,
-            num_envs,
-            gym.spaces.Box(0.0, 1.0, (5,), np.float32),
-            gym.spaces.MultiDiscrete([3, 2], start=[1, 0]),
-            device,
-        )
+        space = gym.spaces.MultiDiscrete([3, 2], start=list(self.START))
+        _CueEnv.__init__(self, num_envs, gym.spaces.Box(0.0, 1.0, (5,), np.float32), space, device)
+
+    def _advance(self, actions):
+        shifted = actions.long() - torch.tensor(self.START, device=actions.device)
+        if not ((shifted >= 0) & (shifted < torch.tensor([3, 2], device=actions.device))).all():
+            raise ValueError(f"actions {actions.tolist()} are not in {self.single_action_space}")
+        return super()._advance(shifted)
 
 
 ENVS = {
@@ -579,8 +585,58 @@ def test_unreadable_spaces_are_named(tmp_path):
     assert "ppo cannot read the observation space Tuple(" in message and "FlattenObservation" in message
     message = _refused(tmp_path, "ppo", "BadDict-v0", horizon=8, minibatch_size=8)
     assert "Dict observation part 'inner'" in message and "Convert that part" in message
-    message = _refused(tmp_path, "ppo", "ShiftedDials-v0", horizon=8, minibatch_size=8)
-    assert "MultiDiscrete action spaces must start at 0 (start=[1, 0])" in message
+
+
+# -- integer actions that start away from 0: shifted at the env boundary, for every algorithm -----------
+def test_multidiscrete_actions_that_start_away_from_0_train_as_those_from_0(tmp_path):
+    """The shift is invisible to the agent: the same seed learns the same policy as on TwoDials, and the
+    run, the deployed agent and the exported file all act inside the shifted space."""
+    settings = dict(total_steps=512, horizon=16, minibatch_size=64, epochs=2, eval_every=256)
+    plain = _train(_config("ppo", "TwoDials-v0", tmp_path / "plain", **settings))
+    shifted = _train(_config("ppo", "ShiftedDials-v0", tmp_path / "shifted", **settings))
+    assert shifted.summary["eval_return_mean"] == plain.summary["eval_return_mean"]
+    obs = torch.nn.functional.one_hot(torch.tensor([0, 2, 1, 0]), 5).float().numpy()
+    actions = np.asarray(phalanx.load_agent(shifted.run_dir).act(obs))
+    assert (actions[:, 0] >= 1).all() and (actions[:, 0] <= 3).all(), actions
+    assert (actions[:, 1] >= -4).all() and (actions[:, 1] <= -3).all(), actions
+    exported = torch.jit.load(str(phalanx.export(shifted.run_dir, "torchscript", output=tmp_path / "p.pt")))
+    assert exported(torch.as_tensor(obs)).tolist() == actions.tolist()
+
+
+DISCRETE_CASES = [
+    ("ppo", -3),
+    ("ppo", 5),
+    ("a2c", 5),
+    ("dqn", -3),
+    ("double-dqn", 5),
+    ("dueling-dqn", -3),
+    ("d3qn", 5),
+]
+
+
+@pytest.mark.parametrize(("algo", "start"), DISCRETE_CASES)
+def test_discrete_actions_reach_a_gymnasium_env_inside_a_space_that_starts_away_from_0(tmp_path, algo, start):
+    """ShiftedCartPole raises on any action outside Discrete(2, start): the run, its evaluation, the
+    deployed agent and the exported policy must all stay inside it."""
+    from space_envs import ShiftedCartPole
+
+    env_id = f"ShiftedCartPole{start}-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=lambda: ShiftedCartPole(start))
+    settings = {"horizon": 16, "minibatch_size": 64} if algo in ("ppo", "a2c") else {"learning_starts": 64}
+    if algo == "a2c":
+        settings.pop("minibatch_size")
+    config = phalanx.make_config(
+        algo, env_id, use_preset=False, run_dir=str(tmp_path / "run"), num_envs=4, total_steps=256,
+        eval_every=128, eval_episodes=2, hidden_sizes=(16, 16), seed=1, **settings,
+    )  # fmt: skip
+    result = _train(config)
+    assert result.summary["total_steps"] == 256 and result.summary["error"] is None
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    actions = np.asarray(phalanx.load_agent(result.run_dir).act(obs))
+    assert set(actions.tolist()) <= {start, start + 1}, actions
+    exported = torch.jit.load(str(phalanx.export(result.run_dir, "torchscript", output=tmp_path / "p.pt")))
+    assert exported(torch.as_tensor(obs)).tolist() == actions.tolist()
 
 
 def test_encoder_choices_that_cannot_read_the_space(tmp_path):

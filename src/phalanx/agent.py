@@ -23,7 +23,7 @@ import torch
 from phalanx import registry
 from phalanx.algos.recurrent import is_recurrent
 from phalanx.config import TrainConfig
-from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, find_wrapper
+from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, agent_action_space, find_wrapper
 from phalanx.errors import CheckpointError
 from phalanx.nets import observation_shape
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
@@ -47,7 +47,7 @@ class Agent:
             isinstance(self.observation_space, gym.spaces.Box) and self.observation_space.dtype == np.uint8
         )
         self.observation_dtype = torch.uint8 if uint8 else torch.float32
-        spaces = (self.observation_space, self._normalized_action_space())
+        spaces = (self.observation_space, agent_action_space(self.action_space))
         self.algorithm = restore_algorithm(config, spaces, state, self.device)
         self.obs_statistics: RunningMeanStd | None = None
         if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
@@ -81,11 +81,6 @@ class Agent:
     def recurrent(self) -> bool:
         """Whether the agent acts with a memory (a recurrent policy): :meth:`act` takes and returns it."""
         return is_recurrent(self.algorithm)
-
-    def _normalized_action_space(self) -> gym.Space:
-        if isinstance(self.action_space, gym.spaces.Box):
-            return gym.spaces.Box(-1.0, 1.0, self.action_space.shape, dtype=np.float32)
-        return self.action_space
 
     @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = True, memory: Any = None, episode_start: Any = None) -> Any:

@@ -3,7 +3,8 @@ with ``torch.jit.load``), neither of which needs phalanx to run.
 
 ``export(run_dir, format)`` writes what ``load_agent(run_dir).act(obs)`` computes for a batch of raw
 observations, as one graph: the checkpoint's observation normalisation (frozen, clipped as in training),
-the policy, and the rescale of its actions to the env's Box bounds. The policy is deterministic by
+the policy, and the map of its actions into the env's action space (a Box's bounds, an integer space's
+start). The policy is deterministic by
 default; ``stochastic=True`` exports the sampling policy with the random draw as a second input
 (``noise``), so that the file is a pure function of its inputs and equals the library's sample for the
 same draw. A multi-agent run gives one file per agent group (decentralised execution). A recurrent
@@ -12,7 +13,8 @@ start), and gives the memory after the step as a second output, ``memory_out``.
 
 Tracing needs the networks as parameters of the traced module: :class:`ExportedPolicy` holds a copy of
 the algorithm's :class:`~phalanx.algos.base.ActingModule` (its ``act`` as a module of tensors alone)
-with gradients off, and the normalisation statistics and action bounds as buffers. (Tracing a function
+with gradients off, and the normalisation statistics and the :class:`~phalanx.envs.wrappers.ActionMap`
+as buffers. (Tracing a function
 that closes over the networks, such as ``Agent.act``, fails with "Cannot insert a Tensor that requires
 grad as a constant": the weights are no module's parameters there, so the tracer would bake them in.)
 """
@@ -39,7 +41,7 @@ from phalanx import __version__
 from phalanx.agent import _checkpoint_path, load_agent
 from phalanx.algos.base import ActingModule
 from phalanx.algos.recurrent import RecurrentActing
-from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, RunningMeanStd
+from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, ActionMap, RunningMeanStd
 from phalanx.errors import ConfigError, import_optional
 from phalanx.files import atomic_write
 from phalanx.train.run_dir import read_run_config
@@ -101,10 +103,7 @@ class ExportedPolicy(nn.Module):
             self.register_buffer(
                 "obs_inv_std", torch.rsqrt(obs_statistics.var + OBS_EPSILON).to(torch.float32)
             )
-        self.rescale = isinstance(action_space, gym.spaces.Box)
-        if self.rescale:
-            self.register_buffer("action_low", torch.as_tensor(action_space.low))
-            self.register_buffer("action_high", torch.as_tensor(action_space.high))
+        self.action_map = ActionMap(action_space)  # the agent's actions into the env's space, as in training
         self.requires_grad_(False).eval()
 
     def forward(
@@ -117,9 +116,7 @@ class ExportedPolicy(nn.Module):
             actions, memory = self.acting(obs, *extra)
         else:
             actions = self.acting(obs, *extra)
-        if self.rescale:
-            low, high = self.action_low, self.action_high
-            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        actions = self.action_map(actions)
         return actions if memory is None else (actions, memory)
 
     @property

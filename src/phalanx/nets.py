@@ -889,7 +889,7 @@ def feature_encoder(space: gym.Space, kind: str = "auto") -> tuple[nn.Module | N
 
 # -- spaces ------------------------------------------------------------------------------------------
 
-SUPPORTED_SPACES = "observations: a 1-D Box; actions: Discrete (start 0), MultiDiscrete (start 0) or Box"
+SUPPORTED_SPACES = "observations: a 1-D Box; actions: Discrete, MultiDiscrete or Box"
 
 
 def observation_kind(space: gym.Space) -> str | None:
@@ -932,38 +932,9 @@ def multi_discrete_sizes(action_space: gym.spaces.MultiDiscrete) -> tuple[int, .
             f"dims (nvec of shape (k,)), but nvec has shape {action_space.nvec.shape}. Flatten it with an "
             "action wrapper (gymnasium.spaces.MultiDiscrete(nvec.flatten()))."
         )
-    if np.any(action_space.start != 0):
+    if np.any(action_space.start != 0):  # RescaleAction presents every integer space from 0
         raise ConfigError(
-            f"unsupported action space {action_space}: MultiDiscrete action spaces must start at 0 (start="
-            f"{action_space.start.tolist()}); shift the actions with a wrapper."
+            f"unsupported action space {action_space}: a policy acts from 0 (start="
+            f"{action_space.start.tolist()}); build the env with phalanx's wrappers (RescaleAction)."
         )
     return tuple(int(size) for size in action_space.nvec)
-
-
-def make_policy(
-    observation_space: gym.Space,
-    action_space: gym.Space,
-    hidden_sizes: Sequence[int] = (64, 64),
-    activation: str = "tanh",
-    encoder: str = "auto",
-) -> CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy:
-    """The policy head for single-env spaces: Discrete -> Categorical, MultiDiscrete -> MultiCategorical,
-    Box -> Gaussian (flattened); with the :func:`feature_encoder` of kind ``encoder`` in front of it."""
-    network, input_dim = feature_encoder(observation_space, encoder)
-    if isinstance(action_space, gym.spaces.Discrete):
-        if int(action_space.start) != 0:
-            raise ConfigError(
-                f"unsupported action space {action_space}: Discrete action spaces must start at 0 "
-                f"(start={int(action_space.start)}); shift the actions with a wrapper."
-            )
-        return CategoricalPolicy(input_dim, int(action_space.n), hidden_sizes, activation, network)
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        nvec = multi_discrete_sizes(action_space)
-        return MultiCategoricalPolicy(input_dim, nvec, hidden_sizes, activation, network)
-    if isinstance(action_space, gym.spaces.Box):
-        action_dim = int(np.prod(action_space.shape))
-        return GaussianPolicy(input_dim, action_dim, hidden_sizes, activation, encoder=network)
-    raise ConfigError(
-        f"unsupported action space {type(action_space).__name__} ({action_space}); "
-        f"supported: {SUPPORTED_SPACES}."
-    )

@@ -62,10 +62,10 @@ def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
     meaninglessly); a ``Dict`` of Box, Discrete and MultiBinary parts is presented as that Dict space,
     while its observation tensors are the float32 vectors of ``gymnasium.spaces.flatten`` (the parts by
     sorted key, Discrete parts one-hot; see :func:`flat_observation`). Actions: a Discrete space stays
-    Discrete, a Box becomes float32, a one-dimensional ``MultiDiscrete(nvec)`` becomes
-    ``MultiDiscrete(nvec)`` starting at 0 (int64 actions ``(N, k)``, column i in ``[0, nvec[i])``; an
-    adapter adds the simulator's ``start``). Anything else is unsupported: None, for the adapter to
-    explain (:func:`unsupported_space`).
+    Discrete, a Box becomes float32, a one-dimensional ``MultiDiscrete`` stays one (int64 actions
+    ``(N, k)``); integer spaces keep their ``start`` (the agent's actions are shifted into them by
+    :class:`~phalanx.envs.wrappers.RescaleAction`). Anything else is unsupported: None, for the adapter
+    to explain (:func:`unsupported_space`).
     """
     if isinstance(space, gym.spaces.Box):
         if role == "observation" and space.dtype == np.uint8:
@@ -82,7 +82,7 @@ def tensor_space(space: gym.Space, role: str) -> gym.Space | None:
             return space
         return None
     if isinstance(space, gym.spaces.MultiDiscrete) and role == "action" and len(space.nvec.shape) == 1:
-        return gym.spaces.MultiDiscrete(space.nvec.astype(np.int64))
+        return gym.spaces.MultiDiscrete(space.nvec.astype(np.int64), start=np.asarray(space.start, np.int64))
     return None
 
 

@@ -192,12 +192,6 @@ class _GymnasiumAdapter(VecEnv):
             if isinstance(act_space, gym.spaces.Discrete)
             else (self.num_envs, *act_space.shape)
         )
-        # a MultiDiscrete is presented starting at 0; the simulator gets its own start added
-        self._action_start = (
-            np.asarray(act_space.start, dtype=np.int64)
-            if isinstance(act_space, gym.spaces.MultiDiscrete) and np.any(act_space.start)
-            else None
-        )
         self.episode_statistics = EpisodeStatistics(self.num_envs, self.device)
 
     # -- spaces ------------------------------------------------------------------------------------
@@ -238,7 +232,7 @@ class _GymnasiumAdapter(VecEnv):
                 f"expected {shape} (num_envs={shape[0]}, action space "
                 f"{self.single_action_space}). Pass one action per sub-env."
             )
-        return actions if self._action_start is None else actions + self._action_start
+        return actions
 
     def _check_index(self, index: int) -> None:
         if self.render_mode != "rgb_array":
@@ -289,7 +283,7 @@ class GymnasiumVecEnv(_GymnasiumAdapter):
     number to a network would impose a meaningless order on the states; a ``Dict`` observation (Box,
     Discrete and MultiBinary parts) keeps its Dict space and arrives as the float32 vector of
     ``gymnasium.spaces.flatten``. Actions arrive as torch (or numpy) and go to the env as int64
-    (``Discrete``; ``MultiDiscrete``: ``(num_envs, k)``, starting at 0, the space's ``start`` added) or
+    (``Discrete``; ``MultiDiscrete``: ``(num_envs, k)``; both in the simulator's space, ``start`` included) or
     float32 (``Box``). Other spaces raise :class:`~phalanx.errors.EnvError`.
 
     ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``. ``info["final_obs"]`` is the full

@@ -23,6 +23,7 @@ import torch
 
 from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.config import AlgoConfig
+from phalanx.envs.wrappers import ActionMap
 from phalanx.errors import ConfigError
 from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec, Tensor
 
@@ -131,14 +132,20 @@ def broadcast_state(state: Tensor, num_agents: int) -> Tensor:
     return state.unsqueeze(-2).expand(*state.shape[:-1], num_agents, state.shape[-1])
 
 
+_ACTION_MAPS: dict[tuple[int, torch.device], tuple[AgentGroup, ActionMap]] = {}
+"""Each group's :class:`ActionMap` on a device, built once (the group is kept, so its id stays its own)."""
+
+
 def to_env_actions(actions: Groups, groups: dict[str, AgentGroup]) -> Groups:
-    """Actions of the normalised space (Box: [-1, 1]) in the env's bounds (Discrete: unchanged)."""
+    """Actions of the normalised space (Box: [-1, 1]; Discrete: from 0) in each group's env space (its
+    bounds; its start), by the :class:`~phalanx.envs.wrappers.ActionMap` single-agent runs use."""
     env_actions: Groups = {}
     for name, group in groups.items():
         value = actions[name]
-        if not group.discrete:
-            low = torch.as_tensor(group.action_space.low, dtype=value.dtype, device=value.device)
-            high = torch.as_tensor(group.action_space.high, dtype=value.dtype, device=value.device)
-            value = low + (value.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
-        env_actions[name] = value
+        key = (id(group), value.device)
+        if key not in _ACTION_MAPS:
+            if len(_ACTION_MAPS) > 256:  # groups of envs long gone
+                _ACTION_MAPS.clear()
+            _ACTION_MAPS[key] = (group, ActionMap(group.action_space).to(value.device))
+        env_actions[name] = _ACTION_MAPS[key][1](value)
     return env_actions

@@ -62,6 +62,7 @@ from phalanx.envs.wrappers import (
     ScaleReward,
     VecEnvWrapper,
     find_wrapper,
+    needs_action_map,
 )
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
@@ -398,7 +399,7 @@ class VectorizedPopulation:
         env = make_env(config.env, num_envs=num_envs, device=self.device)
         if training:  # on an accelerator, reads its record once per round rather than every step
             env = NanGuard(env, check_every=self.nan_check_every)
-        if isinstance(env.single_action_space, gym.spaces.Box):
+        if needs_action_map(env.single_action_space):
             env = RescaleAction(env)
         if config.normalize_obs:
             statistics = None if training else self.obs_statistics

@@ -22,6 +22,7 @@ from phalanx.envs.workers import ProcessVecEnv
 from phalanx.envs.wrappers import (
     OBS_CLIP,
     OBS_EPSILON,
+    ActionMap,
     MemberNormalizeObservation,
     NanGuard,
     NormalizeObservation,
@@ -29,6 +30,7 @@ from phalanx.envs.wrappers import (
     RunningMeanStd,
     ScaleReward,
     find_wrapper,
+    needs_action_map,
 )
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import is_image_space
@@ -95,7 +97,7 @@ def wrap_env(
 ) -> VecEnv:
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env)
-    if isinstance(env.single_action_space, gym.spaces.Box):  # MultiDiscrete, Discrete: as they are
+    if needs_action_map(env.single_action_space):  # a Box, or integer actions that start away from 0
         env = RescaleAction(env)
     if config.normalize_obs:
         check_normalizable(env.single_observation_space)
@@ -221,7 +223,8 @@ def to_device(state: Any, device: torch.device, copy: bool = False) -> Any:
 class EnvSpacePolicy:
     """An algorithm's actions for raw observations of its env, as a deployed agent and a video take them:
     the observations normalised with ``obs_statistics`` (frozen, clipped as in training), the algorithm
-    acting (in [-1, 1] for a Box), the actions rescaled to ``action_space``'s bounds.
+    acting (in [-1, 1] for a Box, from 0 for integer actions), its actions mapped into ``action_space``
+    (:class:`~phalanx.envs.wrappers.ActionMap`, as in training).
 
     :meth:`act` acts on a stream of steps through the algorithm's :func:`~phalanx.algos.recurrent.actor`:
     a recurrent policy carries its memory from one call to the next (call :meth:`episodes_ended` after
@@ -235,12 +238,7 @@ class EnvSpacePolicy:
         self.actor = actor(algorithm)
         self.obs_statistics = obs_statistics
         self.device = algorithm.device
-        self.bounds = None
-        if isinstance(action_space, gym.spaces.Box):
-            self.bounds = tuple(
-                torch.as_tensor(bound, dtype=torch.float32, device=self.device)
-                for bound in (action_space.low, action_space.high)
-            )
+        self.action_map = ActionMap(action_space).to(self.device)
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
         """Raw observations as the algorithm saw them in training."""
@@ -250,10 +248,7 @@ class EnvSpacePolicy:
 
     def rescale(self, actions: torch.Tensor) -> torch.Tensor:
         """The algorithm's actions in the env's action space."""
-        if self.bounds is not None:
-            low, high = self.bounds
-            actions = low + (actions.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
-        return actions
+        return self.action_map(actions)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
