@@ -73,6 +73,23 @@ def test_groups_by_algo_with_mean_and_standard_error(runs):
     np.testing.assert_allclose(a2c.high - a2c.mean, [np.std([0, 50], ddof=1) / math.sqrt(2), 0])
 
 
+def test_runs_of_different_envs_are_never_averaged_together(tmp_path):
+    make_run(tmp_path / "cartpole", "ppo", 0, [(1000, 1.0, 400), (2000, 2.0, 500)])
+    make_run(tmp_path / "pendulum", "ppo", 0, [(1000, 1.0, -1200), (2000, 2.0, -300)], env="Pendulum-v1")
+    make_run(tmp_path / "pendulum_s1", "ppo", 1, [(1000, 1.0, -1000), (2000, 2.0, -200)], env="Pendulum-v1")
+    result = curves(tmp_path / "*")
+    assert [(group.name, group.n) for group in result.groups] == [
+        ("ppo on CartPole-v1", 1),
+        ("ppo on Pendulum-v1", 2),
+    ]
+    np.testing.assert_allclose(result.groups[0].mean, [400, 500])
+    np.testing.assert_allclose(result.groups[1].mean, [-1100, -250])
+    assert [group.name for group in curves(tmp_path / "*", group_by="env").groups] == [
+        "CartPole-v1",
+        "Pendulum-v1",
+    ]
+
+
 def test_minmax_and_no_interval(runs):
     ppo = curves(runs / "ppo_*", interval="minmax").groups[0]
     np.testing.assert_allclose(ppo.low, [10, 20, 30])

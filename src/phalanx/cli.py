@@ -867,8 +867,9 @@ def cmd_plot(argv: list[str]) -> int:
     )
     path = draw_curves(result, args.output, args.title)
     table = Table(title=f"{result.metric} against {result.x}, by {result.group_by}")
-    for column in ("group", "runs", "x range", "final mean", "interval at the end"):
-        table.add_column(column, justify="left" if column == "group" else "right")
+    table.add_column("group", overflow="fold", min_width=min(24, max(len(g.name) for g in result.groups)))
+    for column in ("runs", "x range", "final mean", "interval at the end"):
+        table.add_column(column, justify="right")
     for group in result.groups:
         spread = "-" if group.low is None else f"{group.low[-1]:,.4g} .. {group.high[-1]:,.4g}"
         table.add_row(

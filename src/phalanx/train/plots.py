@@ -178,12 +178,24 @@ def curves(
     metric = metric or _default_metric(tables)
     series = {path: _series(path, tables[path], metric, X_COLUMNS[x]) for path in paths}
 
+    # Returns of different envs are never averaged together: with runs of several envs, each env's runs
+    # form groups of their own (a line each, named with the env), whatever the grouping.
+    envs = {configs[path].get("env") for path in paths}
+    by_env = group_by != "env" and len(envs) > 1
     members: dict[Any, list[Path]] = {}
     for path in paths:
-        members.setdefault(_setting(configs[path], group_by, path), []).append(path)
+        value = _setting(configs[path], group_by, path)
+        key = (str(configs[path].get("env")), value) if by_env else value
+        members.setdefault(key, []).append(path)
+
+    def name(key: Any) -> str:
+        return f"{_group_name(group_by, key[1])} on {key[0]}" if by_env else _group_name(group_by, key)
+
+    def order(key: Any) -> tuple:
+        return (key[0], _order(key[1])) if by_env else _order(key)
+
     groups = [
-        _aggregate(_group_name(group_by, value), members[value], series, interval, span, x)
-        for value in sorted(members, key=_order)
+        _aggregate(name(key), members[key], series, interval, span, x) for key in sorted(members, key=order)
     ]
     return Curves(metric, x, group_by, interval, span, groups, configs)
 
