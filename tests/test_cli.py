@@ -180,7 +180,8 @@ def test_check_env_accepts_a_good_env_and_explains_a_broken_one(tmp_path, capsys
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     code, out = run_cli(capsys, "check-env", "my_envs:good", "--steps", "200")
-    assert code == 0 and "ok" in out
+    assert code == 0 and "ok" in out and "CheckReport(" not in out  # said in words, not a repr
+    assert "200 steps of CartPoleEnv" in out and "episodes ended, mean return" in " ".join(out.split())
     code, out = run_cli(capsys, "check-env", "my_envs:broken", "--steps", "200")
     assert code == 2 and "float32" in out and "float64" in out
 

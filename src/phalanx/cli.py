@@ -631,7 +631,17 @@ def cmd_check_env(argv: list[str]) -> int:
             f"{call} raised {type(error).__name__}: {error}. The factory must build and return the VecEnv."
         ) from None
     report = check_vec_env(env, num_steps=args.steps)
-    Console().print(f"[green]ok[/]: {args.factory} follows the VecEnv contract. {report}", highlight=False)
+    Console().print(f"[green]ok[/]: {escape(args.factory)} follows the VecEnv contract.", highlight=False)
+    say = lambda text: console.print(escape(text), highlight=False, soft_wrap=True)  # noqa: E731
+    episodes = (
+        f"{report.episodes} episodes ended, mean return {report.mean_episode_return:.4g}, mean length "
+        f"{report.mean_episode_length:.4g}"
+        if report.episodes
+        else "no episode ended"
+    )
+    print(wrapped(f"{report.num_steps:,} steps of {report.env}: {episodes}.", first="  "))
+    for warning in report.warnings:
+        say(f"warning: {warning}")
     return 0
 
 
