@@ -272,3 +272,14 @@ def test_deployed_agent_normalises_exactly_as_the_training_env(tmp_path):
     raw_obs = torch.stack([raw[:, 0].cos(), raw[:, 0].sin(), raw[:, 1]], dim=1).float()
     expected = 2.0 * agent.algorithm.act(normalised).clamp(-1, 1)  # Pendulum's bounds are [-2, 2]
     torch.testing.assert_close(agent.act(raw_obs), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_default_logging_scales_to_the_run_so_a_short_run_has_a_readable_curve(tmp_path):
+    """log_every 0 (the default): total_steps / 100 steps between rows, at most 10,000; a 4,096-step run
+    logs every iteration (128 steps) rather than once at its end."""
+    config = small_config(tmp_path, total_steps=4096, log_every=0, eval_every=0)
+    assert config.log_interval == 40 and phalanx.make_config("ppo", "CartPole-v1").log_interval == 5_000
+    assert phalanx.make_config("sac", "Pendulum-v1", total_steps=10**7).log_interval == 10_000
+    result = phalanx.train(config, show_progress=False)
+    rows = read_table(result.run_dir / "metrics.csv")
+    assert [row["steps"] for row in rows] == [128.0 * k for k in range(1, 33)]

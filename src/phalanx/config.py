@@ -173,8 +173,9 @@ class TrainConfig:
     """Normalise observations with running statistics on the device (saved in checkpoints)."""
     normalize_reward: bool = False
     """Scale rewards by the running standard deviation of the discounted return."""
-    log_every: int = 10_000
-    """Environment steps between rows of metrics.csv and console updates."""
+    log_every: int = 0
+    """Environment steps between rows of metrics.csv and console updates (0: scaled to the run, about 100
+    rows: total_steps / 100, at most 10,000)."""
     track: str | None = None
     """Experiment tracker that the run also logs to: wandb (Weights & Biases, the `wandb` extra; see
     docs/tracking.md), or null: none. metrics.csv, evaluations.csv and TensorBoard are written either way."""
@@ -200,6 +201,14 @@ class TrainConfig:
     so that eval, resume, backtest and load_agent import them again."""
     hyperparameters: AlgoConfig = field(default_factory=AlgoConfig)
     """The algorithm's hyperparameters."""
+
+    @property
+    def log_interval(self) -> int:
+        """Environment steps between rows of metrics.csv: ``log_every``, or when 0 the run's budget over
+        100 (so that a short run's curve has as many points as a long one's), at most 10,000."""
+        if self.log_every:
+            return self.log_every
+        return min(10_000, max(1, self.total_steps // 100))
 
     def validate(self) -> None:
         """Check every field; raise ConfigError naming the field, the value and the fix."""
@@ -249,7 +258,7 @@ class TrainConfig:
         check(number and minutes >= 0, "checkpoint_every_minutes", minutes, expected)
 
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
-        self._check_count("log_every", 1)
+        self._check_count("log_every", 0)
         self._check_count("torch_threads", 0)
         check(self.compile in (None, True, False), "compile", self.compile, "true, false or null (auto)")
         self._check_tracking()

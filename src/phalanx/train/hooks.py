@@ -127,7 +127,7 @@ class Logging(Hook):
     last row (:meth:`finish`), so that the last row is the run's last step."""
 
     def __init__(self, trainer: Trainer) -> None:
-        self.schedule = Schedule(trainer.config.log_every, next=0)
+        self.schedule = Schedule(trainer.config.log_interval, next=0)
         self.last = (0.0, 0, 0)
 
     def restart(self, trainer: Trainer) -> None:

@@ -412,7 +412,7 @@ class Trainer:
     def restart_schedules(self) -> None:
         """A run that takes another's step count (a hand-over): its schedules go on from there."""
         config = self.config
-        self.logging.schedule = Schedule(config.log_every, next=self.steps)
+        self.logging.schedule = Schedule(config.log_interval, next=self.steps)
         for hook, every in (
             (self.evaluations, config.eval_every),
             (self.checkpointing, config.checkpoint_every),
