@@ -41,6 +41,17 @@ def test_train_eval_resume_round_trip(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["total_steps"] == 2048
 
 
+def test_checkpoints_are_named_as_eval_prints_them_and_a_missing_one_lists_those_there(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))[0] == 0
+    code, out = run_cli(capsys, "eval", str(run), "--episodes", "2", "--checkpoint", "step_1024")
+    assert code == 0 and "(checkpoint: step_1024)" in out, out
+    code, out = run_cli(capsys, "eval", str(run), "--checkpoint", "step_999")
+    assert code == 2 and "neither a path nor one of" in out and "step_1024, best" in " ".join(out.split())
+    code, out = run_cli(capsys, "export", str(tmp_path / "no_such_run"))
+    assert code == 2 and "does not exist" in out and "config.yaml" not in out
+
+
 def test_resume_without_a_step_checkpoint_says_why_best_is_not_one(tmp_path, capsys):
     run = tmp_path / "run"
     assert run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))[0] == 0

@@ -173,6 +173,8 @@ def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any],
 
 
 def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+    """``checkpoint`` of ``run_dir``: "best", "latest", a name in its checkpoints/ (``step_20480``, as
+    ``phalanx eval`` prints them), or a path; a CheckpointError that lists the checkpoints there."""
     manager = CheckpointManager(run_dir)
     if checkpoint in ("best", "latest"):
         path = manager.best() if checkpoint == "best" else manager.latest()
@@ -183,7 +185,15 @@ def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
                 f"run directory {str(run_dir)!r} has no checkpoint yet (checkpoints/ is empty or missing)."
             )
         return path
-    return Path(checkpoint)
+    for path in (Path(checkpoint), Path(run_dir) / "checkpoints" / checkpoint):
+        if path.exists():
+            return path
+    names = [p.name for p in manager.step_directories()] + (["best"] if manager.best() else [])
+    raise CheckpointError(
+        f"checkpoint {checkpoint!r} is neither a path nor one of {str(run_dir)!r}'s checkpoints: "
+        + (", ".join(names) if names else "it has none yet")
+        + ". Pass best, latest, one of those names, or a checkpoint directory's path."
+    )
 
 
 def _load(run_dir: str | Path, checkpoint: str) -> tuple[TrainConfig, dict[str, Any]]:

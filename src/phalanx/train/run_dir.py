@@ -41,6 +41,11 @@ def create_run_dir(config: TrainConfig) -> Path:
 def read_run_config(run_dir: str | Path) -> TrainConfig:
     """The config.yaml of a run directory, with a clear error if ``run_dir`` is not one."""
     config_path = Path(run_dir) / "config.yaml"
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(
+            f"run directory {str(run_dir)!r} does not exist. Pass the directory that `phalanx train` "
+            "created (its path is printed when training starts; `ls runs/` lists them)."
+        )
     if not config_path.is_file():
         raise CheckpointError(
             f"{str(run_dir)!r} is not a phalanx run directory: {config_path.name} is missing. "
