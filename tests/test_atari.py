@@ -178,3 +178,30 @@ def test_envpool_atari_frames_and_game_score():
     assert games >= 2
     assert check_vec_env(env, num_steps=200).num_steps == 200
     env.close()
+
+
+@needs_ale
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "envpool:Pong-v5"])
+def test_a_video_plays_the_preprocessed_frames_to_the_policy_and_draws_the_game(tmp_path, env_id):
+    """The video env of an Atari run feeds the policy the stacked 84x84 frames it trained on and draws the
+    full-colour game; an EnvPool game is played by ale-py's (EnvPool does not render)."""
+    import phalanx
+    from phalanx.envs.atari import video_env
+    from phalanx.video import record_video
+
+    env = video_env(env_id)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert env.render().shape == (210, 160, 3)
+    env.close()
+    if env_id.startswith("envpool:"):
+        pytest.importorskip("envpool", reason="the envpool extra is not installed")
+    config = phalanx.make_config(
+        "ppo", env_id, use_preset=False, run_dir=str(tmp_path / "run"), num_envs=2, total_steps=64,
+        horizon=16, minibatch_size=32, epochs=1, eval_every=0, eval_episodes=1, video_every=32,
+        video_format="gif",
+    )  # fmt: skip
+    result = phalanx.train(config, show_progress=False)
+    assert sorted(p.name for p in (result.run_dir / "videos").iterdir())  # --video-every recorded
+    path = record_video(result.run_dir, "latest", video_format="gif", max_steps=20)
+    assert path.is_file() and path.stat().st_size > 1000

@@ -52,6 +52,24 @@ def test_checkpoints_are_named_as_eval_prints_them_and_a_missing_one_lists_those
     assert code == 2 and "does not exist" in out and "config.yaml" not in out
 
 
+def test_eval_video_checks_that_the_env_draws_before_it_evaluates(tmp_path, capsys, monkeypatch):
+    """An env with no Gymnasium id to draw it (a registered VecEnv) is refused before the evaluation runs."""
+    from phalanx.envs import register_env
+    from phalanx.envs.classic import CartPoleEnv
+    from phalanx.envs.registry import unregister_env
+
+    register_env("MyCartPole-v0", CartPoleEnv, overwrite=True)
+    try:
+        run = tmp_path / "run"
+        assert run_cli(capsys, "train", "ppo", "MyCartPole-v0", *SMALL, "--run-dir", str(run))[0] == 0
+        evaluated = []
+        monkeypatch.setattr("phalanx.cli.evaluate", lambda *args: evaluated.append(args))
+        code, out = run_cli(capsys, "eval", str(run), "--video")
+        assert code == 2 and "cannot render 'MyCartPole-v0'" in out and not evaluated
+    finally:
+        unregister_env("MyCartPole-v0")
+
+
 def test_resume_without_a_step_checkpoint_says_why_best_is_not_one(tmp_path, capsys):
     run = tmp_path / "run"
     assert run_cli(capsys, "train", "ppo", "CartPole-v1", *SMALL, "--run-dir", str(run))[0] == 0

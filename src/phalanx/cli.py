@@ -63,9 +63,9 @@ from phalanx.train.interrupts import exit_code as interrupted_exit_code
 from phalanx.train.interrupts import stop_signals_interrupt
 from phalanx.train.loop import TrainingInterrupted
 from phalanx.train.plots import INTERVALS, SPANS, X_COLUMNS, curves, draw_curves
-from phalanx.train.videos import MAX_EPISODE_STEPS, check_video_format, use_headless_rendering
+from phalanx.train.videos import MAX_EPISODE_STEPS, check_video_format
 from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
-from phalanx.video import record_video
+from phalanx.video import check_recordable, record_video
 
 console = Console(stderr=True)
 
@@ -427,7 +427,7 @@ def cmd_eval(argv: list[str]) -> int:
         if args.video_fps is not None and not args.video_fps > 0:
             raise PhalanxError(f"--video-fps must be > 0, got {args.video_fps:g}.")
         check_video_format(args.video_format or "mp4")  # the encoder is there, before the evaluation runs
-        use_headless_rendering()  # before the evaluation imports the simulator
+        check_recordable(args.run_dir, args.checkpoint)  # and the env draws, before the evaluation runs
 
     evaluation = evaluate(args.run_dir, args.episodes, args.checkpoint, args.device, args.seed)
     table = Table(title="deterministic evaluation", show_header=False)

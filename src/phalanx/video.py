@@ -61,6 +61,15 @@ def record_video(
         return write_video(path, frames, fps if fps is not None else first.fps, video_format)
 
 
+def check_recordable(run_dir: str | Path, checkpoint: str = "best") -> None:
+    """Open the video env of the run's agent and draw its first frame, so that a run that cannot be
+    recorded (no renderer, an env with no Gymnasium id, a missing package) says so with the fix before
+    anything long runs (an EnvError)."""
+    use_headless_rendering()
+    with load_agent(run_dir, checkpoint).frames(1):
+        pass
+
+
 def _episodes(
     first: EpisodeFrames, agent: Any, episodes: int, max_steps: int, seed: int
 ) -> Iterator[np.ndarray]:

@@ -44,7 +44,15 @@ from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 from phalanx.envs.wrappers import FrameStack
 from phalanx.errors import EnvError, import_optional
 
-__all__ = ["AtariGame", "EpisodicLife", "FireReset", "atari_game_ids", "is_atari_id", "make_atari_env"]
+__all__ = [
+    "AtariGame",
+    "EpisodicLife",
+    "FireReset",
+    "atari_game_ids",
+    "is_atari_id",
+    "make_atari_env",
+    "video_env",
+]
 
 NAMESPACE = "ALE/"
 MISSING = (
@@ -231,3 +239,29 @@ def make_atari_env(
             game, num_envs=num_envs, device=device, render_mode=render_mode, statistics_from_info=True
         )
     return env if frame_stack == 1 else FrameStack(env, frame_stack)
+
+
+ENVPOOL_PREFIX = "envpool:"
+
+
+def video_env(env_id: str, frame_stack: int = 4) -> gym.Env | None:
+    """The single Gymnasium env a video of a policy trained on ``env_id`` plays, or None where ``env_id``
+    is no preprocessed Atari game: for ``ALE/<Game>-v5`` and EnvPool's ``envpool:<Game>-v5``, the game with
+    the training's preprocessing, its observations the ``frame_stack`` stacked frames the policy reads
+    (the first one repeated at a reset, as :class:`~phalanx.envs.wrappers.FrameStack` does), rendering
+    the full-colour game; a whole game (no episodic life) with unclipped rewards. EnvPool's Atari games
+    are played by ale-py's (the same ROM and the same preprocessing; EnvPool's default of no sticky
+    actions kept)."""
+    if is_atari_id(env_id):
+        game = AtariGame(env_id, episodic_life=False, clip_reward=False)
+    elif env_id.startswith(ENVPOOL_PREFIX) and f"{NAMESPACE}{env_id[len(ENVPOOL_PREFIX) :]}" in (
+        atari_game_ids() or ()
+    ):
+        name = f"{NAMESPACE}{env_id[len(ENVPOOL_PREFIX) :]}"
+        game = AtariGame(name, episodic_life=False, clip_reward=False, repeat_action_probability=0.0)
+    else:
+        return None
+    env = game(render_mode="rgb_array")
+    if frame_stack > 1:
+        env = gym.wrappers.FrameStackObservation(env, frame_stack, padding_type="reset")
+    return env

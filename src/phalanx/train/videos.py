@@ -33,6 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from phalanx.config import VIDEO_FORMATS
+from phalanx.envs.atari import video_env
 from phalanx.envs.classic import MASKED_GYMNASIUM
 from phalanx.errors import ConfigError, EnvError
 from phalanx.files import atomic_write
@@ -121,8 +122,11 @@ class GymnasiumEpisode(EpisodeFrames):
     ) -> None:
         self.policy = policy
         gym_id, masked = MASKED_GYMNASIUM.get(env_id, (env_id.removeprefix("gym:"), ()))
+        if gym_id.startswith("envpool:"):  # EnvPool's envs do not render: the same task's Gymnasium env
+            gym_id = gym_id.removeprefix("envpool:")
         try:  # a missing simulator shows here, a missing renderer at the first render (pygame, OpenGL)
-            env = gym.make(gym_id, render_mode="rgb_array")
+            atari = video_env(env_id)  # an Atari game: its preprocessed frames in, the game drawn
+            env = atari if atari is not None else gym.make(gym_id, render_mode="rgb_array")
             if masked:  # a memory task: the Gymnasium env's observations with the same entries zeroed
                 mask = np.ones(env.observation_space.shape, dtype=np.float32)
                 mask[list(masked)] = 0.0
@@ -133,8 +137,9 @@ class GymnasiumEpisode(EpisodeFrames):
             raise EnvError(
                 f"cannot render {env_id!r} with Gymnasium's rgb_array rendering: {str(error).rstrip('.')}. "
                 "Videos draw "
-                "Gymnasium envs (the built-in envs share their ids) and multi-agent envs whose render() "
-                "draws a frame."
+                "Gymnasium envs (the built-in envs share their ids; an EnvPool id is drawn by the "
+                "Gymnasium env of the same id, an EnvPool Atari game by ale-py's ALE/<Game>-v5) and "
+                "multi-agent envs whose render() draws a frame."
             ) from None
         _fit_mujoco_shadows(env)
         super().__init__(env_id, env, seed, max_steps)
