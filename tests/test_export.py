@@ -292,7 +292,7 @@ def test_cli_writes_the_default_files_and_says_where(runs, capsys):
     ("make_argv", "expected"),
     [
         (lambda run, tmp: ["export", str(run), "--format", "tflite"], "valid formats: onnx, torchscript"),
-        (lambda run, tmp: ["export", str(tmp / "nowhere")], "is not a phalanx run directory"),
+        (lambda run, tmp: ["export", str(tmp / "nowhere")], "does not exist"),
         (
             lambda run, tmp: ["export", str(run), "--format", "torchscript", "--output", str(tmp)],
             "is a directory",

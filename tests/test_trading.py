@@ -340,7 +340,7 @@ def test_cli_backtest(trained_run, capsys, monkeypatch):
     assert main(["backtest", str(trained_run), "--start", "2030-01-01"]) == 2
     assert "the backtest period 2030-01-01" in capsys.readouterr().err
     assert main(["backtest", str(trained_run.parent / "missing")]) == 2
-    assert "is not a phalanx run directory" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_backtest_refuses_a_non_trading_run(tmp_path):
