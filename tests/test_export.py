@@ -310,7 +310,7 @@ def test_cli_writes_the_default_files_and_says_where(runs, capsys):
                 "--format",
                 "torchscript",
             ],
-            "no checkpoint at",
+            "is neither a path nor one of",
         ),
         (
             lambda run, tmp: [
