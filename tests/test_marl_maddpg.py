@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import phalanx
+from phalanx.algos.ddpg import Draws
 from phalanx.algos.td3 import TD3Config
 from phalanx.errors import ConfigError
 from phalanx.marl.buffers import MultiAgentBatch
@@ -329,3 +330,22 @@ def test_learns_simple_spread_continuous(tmp_path, algo):
     assert random_return < -24.0, random_return
     assert summary["best_eval_return"] >= -17.0 >= random_return + 7.0, (random_return, summary)
     assert summary["total_steps"] < 163_840, summary
+
+
+def test_redq_critic_subsets_come_from_the_algorithms_own_draws():
+    """The subset of target critics (target_reduction redq) is drawn by the algorithm's ``draws``, as every
+    other draw of its rule, so that a vectorized population (which passes its own) draws each member's."""
+
+    class Recorded(Draws):
+        def __init__(self):
+            self.calls = []
+
+        def subset(self, size, count, device):
+            self.calls.append((size, count))
+            return torch.arange(count, device=device)
+
+    algo = make(num_critics=4, target_reduction="redq", target_subset=2)
+    algo.draws = Recorded()
+    q = torch.arange(4.0).view(4, 1, 1).expand(4, 3, 2)
+    assert torch.equal(algo.reduce_critics(q), torch.zeros(3, 2))  # the min over critics 0 and 1
+    assert algo.draws.calls == [(4, 2)]

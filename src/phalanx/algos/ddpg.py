@@ -352,7 +352,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         config = self.config
         subset = None
         if config.target_reduction == "redq":
-            subset = GLOBAL_DRAWS.subset(q_values.shape[0], config.target_subset, q_values.device)
+            subset = self.draws.subset(q_values.shape[0], config.target_subset, q_values.device)
         return reduce_critics(q_values, config, subset, dim=0)
 
     # -- the learner's side of the rule: optimiser steps ----------------------------------------
