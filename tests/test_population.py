@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from phalanx import make_config
 from phalanx.agent import evaluate
@@ -693,6 +694,18 @@ def test_resume_starts_a_population_then_continues_it_and_refuses_other_settings
     other = tiny_population(directory, size=5, base=tiny_base(total_steps=2 * STEPS, resume=True))
     with pytest.raises(ConfigError, match="other settings than this command: size: the population has 4"):
         run_population(other, show_progress=False)
+
+
+def test_a_population_without_mutations_says_it_copies_weights_only(tmp_path):
+    directory = tmp_path / "pop"
+    config = tiny_population(directory, mutations={}, base=tiny_base(total_steps=3 * STEPS))
+    run_population(config, show_progress=False)
+    copies = [e for e in decisions(directory) if e["event"] in ("exploit", "copy", "replace")]
+    assert copies and all("its weights only: no --mutate" in e["reason"] for e in copies), copies
+    assert all("mutates to" not in e["reason"] for e in decisions(directory))
+    console = Console(width=100, record=True)
+    console.print(Leaderboard.load(directory).table())
+    assert "base config" in console.export_text()
 
 
 def _processes_in_group(group: int) -> list[str]:

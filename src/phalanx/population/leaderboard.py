@@ -201,7 +201,7 @@ class Leaderboard:
                 member.status,
                 str(copies[member.id]),
             )
-            text = format_hyperparameters(member.hyperparameters) or "-"
+            text = format_hyperparameters(member.hyperparameters) or "base config"
             details.add_row(
                 member.id, text + (f"; {member.status}: {member.reason}" if member.reason else "")
             )

@@ -389,8 +389,7 @@ class Orchestrator:
         self.decide(
             kind,
             member.id,
-            f"{why}; copies {donor.id} (score {_score(donor.score)}) "
-            f"and mutates to {format_hyperparameters(after)}",
+            f"{why}; copies {donor.id} (score {_score(donor.score)}) {mutated(after)}",
         )
 
     def decide(self, event: str, member: str | None, reason: str, **details: Any) -> None:
@@ -607,7 +606,7 @@ class VectorizedRun:
                 kind,
                 member,
                 f"score {_score(scores[member])} {why}; copies {donor} (score {_score(scores[donor])}) "
-                f"and mutates to {format_hyperparameters(after)}",
+                f"{mutated(after)}",
             )
 
     def finish(self) -> PopulationResult:
@@ -686,6 +685,14 @@ def _continue_existing(config: PopulationConfig, show_progress: bool) -> Populat
             + ". Rerun the command it was started with, or choose another --dir for a new population."
         )
     return resume_population(directory, show_progress, total_steps=config.base.total_steps)
+
+
+def mutated(hyperparameters: dict[str, Any]) -> str:
+    """How a copy's decision ends: the mutated hyperparameters, or that a population without mutations
+    copies weights alone."""
+    if not hyperparameters:
+        return "(its weights only: no --mutate, so every member keeps the base config's hyperparameters)"
+    return f"and mutates to {format_hyperparameters(hyperparameters)}"
 
 
 def population_differences(saved: PopulationConfig, current: PopulationConfig) -> list[tuple[str, Any, Any]]:
