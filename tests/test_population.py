@@ -37,6 +37,7 @@ from phalanx.population import (
 from phalanx.population.evolution import generational_plan, split, tournament, tournament_donor
 from phalanx.train.checkpoint import load_checkpoint
 from phalanx.train.handover import adopt
+from phalanx.train.plots import curves
 from phalanx.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -806,6 +807,34 @@ def test_vectorized_sac_population_runs_from_the_population_config(tmp_path):
     assert [e for e in decisions(directory) if e["event"] == "exploit"]
     evaluation = evaluate(result.best_run_dir, episodes=base.eval_episodes)
     assert evaluation.mean == pytest.approx(result.best_score)
+
+
+def test_a_vectorized_populations_plot_and_report_say_what_there_is(tmp_path, monkeypatch):
+    """`phalanx plot` of a vectorized population names why there are no runs to plot (not a missing
+    leaderboard.json); the report's schedule goes to the end of training; its curves name every member."""
+    import matplotlib.axes
+
+    directory = tmp_path / "pop"
+    run_population(tiny_population(directory, backend="vectorized", size=3), show_progress=False)
+    with pytest.raises(ConfigError, match="is a vectorized population: its members train as one batched run"):
+        curves(directory)
+    steps, labels = [], []
+    original_step, original_legend = matplotlib.axes.Axes.step, matplotlib.axes.Axes.legend
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "step",
+        lambda self, x, *a, **k: steps.append(list(x)) or original_step(self, x, *a, **k),
+    )
+
+    def legend(self, *args, **kwargs):
+        labels.extend(self.get_legend_handles_labels()[1])
+        return original_legend(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    board = Leaderboard.load(directory)
+    board.write_report()
+    assert steps and all(x[-1] == 3 * STEPS for x in steps)  # the whole run, not to the last change
+    assert sorted(label.split()[0] for label in labels) == sorted(board.members)
 
 
 def test_vectorized_population_resumes_after_ctrl_c(tmp_path):

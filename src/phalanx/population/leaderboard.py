@@ -278,30 +278,35 @@ class Leaderboard:
 
         best = self.best()
         figure, axis = plt.subplots(figsize=(8, 4.5))
-        for m in self.members.values():
-            if m.scores:
-                steps, scores = [s[0] for s in m.scores], [s[1] for s in m.scores]
-                is_best = best is not None and m.id == best.id
-                axis.plot(
-                    steps,
-                    scores,
-                    lw=2.5 if is_best else 1,
-                    alpha=1 if is_best else 0.5,
-                    label=m.id if is_best else None,
-                )
+        scored = [m for m in self.members.values() if m.scores]
+        for m in scored:
+            steps, scores = [s[0] for s in m.scores], [s[1] for s in m.scores]
+            is_best = best is not None and m.id == best.id
+            axis.plot(
+                steps,
+                scores,
+                lw=2.5 if is_best else 1,
+                alpha=1 if is_best else 0.6,
+                label=f"{m.id} (best)" if is_best else m.id,
+            )
         axis.set(
             xlabel="env steps (member)", ylabel="evaluation return", title="members' curves (best in bold)"
         )
-        if best is not None:
-            axis.legend()
+        if scored:  # every member named; many of them in columns beside the axes
+            columns = 1 + len(scored) // 16
+            axis.legend(fontsize="small", ncol=columns, loc="center left", bbox_to_anchor=(1.01, 0.5))
         figure.tight_layout()
         with atomic_write(out / "curves.png", "wb") as file:
             figure.savefig(file, format="png", dpi=100)
         plt.close(figure)
 
         figure, axes = plt.subplots(max(len(keys), 1), 1, figsize=(8, 2.2 * max(len(keys), 1)), squeeze=False)
+        end = max((s[0] for s in best.scores), default=0) if best is not None else 0
+        # to the end of the best member's training, not to its schedule's last change
+        steps = [r["steps"] for r in schedule] + ([end] if schedule and end > schedule[-1]["steps"] else [])
         for axis, key in zip(axes[:, 0], keys, strict=False):
-            axis.step([r["steps"] for r in schedule], [r[key] for r in schedule], where="post")
+            values = [r[key] for r in schedule]
+            axis.step(steps, values + values[-1:] * (len(steps) - len(values)), where="post")
             axis.set(ylabel=key)
         axes[-1, 0].set(xlabel="env steps")
         axes[0, 0].set(title=f"hyperparameter schedule of the best member ({best.id if best else '-'})")

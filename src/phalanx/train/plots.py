@@ -142,10 +142,18 @@ def _runs_in(directory: Path) -> list[Path]:
     if (directory / "config.yaml").is_file():
         return [directory]
     members = directory / "members"
-    if (directory / "leaderboard.json").is_file() and members.is_dir():
-        runs = sorted(p for p in members.iterdir() if (p / "config.yaml").is_file())
+    if (directory / "leaderboard.json").is_file():
+        runs = (
+            sorted(p for p in members.iterdir() if (p / "config.yaml").is_file()) if members.is_dir() else []
+        )
         if runs:
             return runs
+        if _read_config(directory, "population.yaml").get("backend") == "vectorized":
+            raise ConfigError(
+                f"{str(directory)!r} is a vectorized population: its members train as one batched run and "
+                "have no run directories to plot. Its members' curves are in report/curves.png: "
+                f"`phalanx population report {directory}` writes them."
+            )
         raise ConfigError(f"population directory {str(directory)!r} has no member run directories yet.")
     raise ConfigError(
         f"{str(directory)!r} is not a phalanx run directory (no config.yaml) nor a population directory "
@@ -341,10 +349,10 @@ def _check_choice(name: str, value: str, choices: Iterable[str]) -> None:
         raise ConfigError(f"{name} = {value!r} is not one of {', '.join(choices)}.")
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    config = load_yaml(path / "config.yaml")
+def _read_config(path: Path, name: str = "config.yaml") -> dict[str, Any]:
+    config = load_yaml(path / name)
     if not isinstance(config, dict):
-        raise ConfigError(f"{path / 'config.yaml'} is not a mapping of settings.")
+        raise ConfigError(f"{path / name} is not a mapping of settings.")
     return config
 
 
