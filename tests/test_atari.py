@@ -205,3 +205,19 @@ def test_a_video_plays_the_preprocessed_frames_to_the_policy_and_draws_the_game(
     assert sorted(p.name for p in (result.run_dir / "videos").iterdir())  # --video-every recorded
     path = record_video(result.run_dir, "latest", video_format="gif", max_steps=20)
     assert path.is_file() and path.stat().st_size > 1000
+
+
+@needs_ale
+def test_ales_banner_is_not_printed_by_every_worker():
+    import subprocess
+
+    script = (
+        "from phalanx.envs import make_env\n"
+        "if __name__ == '__main__':\n"
+        "    env = make_env('ALE/Pong-v5', num_envs=2, num_workers=2)\n"
+        "    env.reset(seed=0)\n"
+        "    env.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "A.L.E" not in done.stdout + done.stderr

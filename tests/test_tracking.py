@@ -395,3 +395,23 @@ def test_each_population_member_logs_one_wandb_run_grouped_by_population(tmp_pat
         assert run.exit_code == 0
         ids.add(run.run.run_id)
     assert len(ids) == 2
+
+
+def test_the_cli_says_a_track_optional_warning_as_one_line_of_its_own(tmp_path):
+    """`phalanx train ... --track-optional` when W&B cannot start: "warning: ..." in words, not Python's
+    UserWarning with the source line that raised it."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "WANDB_MODE": "online", "HOME": str(tmp_path), "WANDB_DIR": str(tmp_path)}
+    environment.pop("WANDB_API_KEY", None)
+    command = [sys.executable, "-m", "phalanx.cli", "train", "ppo", "CartPole-v1", "--total-steps", "256",
+               "--num-envs", "8", "--horizon", "16", "--minibatch-size", "64", "--eval-every", "0",
+               "--eval-episodes", "2", "--track", "wandb", "--track-optional",
+               "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "warning: " in output and "training goes on without W&B" in " ".join(output.split())
+    assert "UserWarning" not in output and "warnings.warn(" not in output

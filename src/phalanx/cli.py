@@ -19,6 +19,7 @@ import signal
 import sys
 import textwrap
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `phalanx envs | head` ends quietly
     if argv is None:  # SIGTERM (kill, Slurm, docker stop) stops a command as Ctrl+C does, and saves
         stop_signals_interrupt()
+        warnings.showwarning = show_warning
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "train": cmd_train,
@@ -141,6 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return interrupted_exit_code()
+
+
+def show_warning(
+    message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """phalanx's own warnings as a command says them: ``warning: <message>``, wrapped to the terminal,
+    without the source line Python adds (which points into phalanx, not at the user's input); other
+    packages' warnings as Python prints them."""
+    if not filename.startswith(str(Path(__file__).parent)):
+        PYTHON_SHOW_WARNING(message, category, filename, lineno, file, line)
+        return
+    console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
+PYTHON_SHOW_WARNING = warnings.showwarning
 
 
 # -- train ----------------------------------------------------------------------------------------

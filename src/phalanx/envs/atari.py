@@ -76,6 +76,8 @@ def _ale_py(env_id: str) -> Any:
         "which is not installed. Install it with `pip install 'phalanx[atari]'`.",
         packages=("cv2",),
     )
+    # ALE's logs from Warning up: its version banner (info) would print once in every worker process
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)
     gym.register_envs(ale_py)
     return ale_py
 
