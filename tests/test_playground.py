@@ -228,3 +228,23 @@ def test_ppo_runs_on_a_playground_task(tmp_path):
     assert summary["total_steps"] == 2048 and summary["error"] is None
     assert summary["eval_episodes"] == 2
     assert 0 < summary["eval_return_mean"] <= 1000  # two whole 1,000-step episodes, rewards in [0, 1]
+
+
+@pytest.mark.slow
+def test_warp_says_nothing_but_warnings(tmp_path):
+    """MuJoCo Warp's banner and its line per compiled or loaded module (some thirty) are not printed."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from phalanx.envs import make_env\n"
+        "env = make_env('playground:CartpoleBalance', 2, seed=0)\n"
+        "env.reset(seed=0)\n"
+        "env.step(torch.zeros(2, 1))\n"
+        "print('stepped')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "stepped" in output, output[-3000:]
+    assert "Module " not in output and "initialized" not in output, output[-3000:]

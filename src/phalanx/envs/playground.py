@@ -30,6 +30,7 @@ implementation instead: on a CPU it compiled about 4x slower and stepped about 8
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -51,7 +52,14 @@ _MENAGERIE_URL = "https://github.com/google-deepmind/mujoco_menagerie"
 
 
 def _playground(who: str) -> Any:
-    """The ``mujoco_playground`` package, or an EnvError naming the missing package and the install."""
+    """The ``mujoco_playground`` package, or an EnvError naming the missing package and the install.
+
+    MuJoCo Warp's physics runs on NVIDIA Warp, which prints its version and a line for every module it
+    compiles or loads (some thirty for one task): quiet, before Warp starts, as phalanx's logs are."""
+    with contextlib.suppress(ImportError, AttributeError):  # Warp 1.19: log_level (earlier: config.quiet)
+        import warp
+
+        warp.config.log_level = warp.LOG_WARNING
     return import_optional(
         "mujoco_playground",
         EnvError,
