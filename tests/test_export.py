@@ -299,7 +299,7 @@ def test_cli_writes_the_default_files_and_says_where(runs, capsys):
         ),
         (
             lambda run, tmp: ["export", str(run), "--format", "torchscript", "--output", str(tmp / "p.onnx")],
-            "has the suffix of a onnx file",
+            "has the suffix of an onnx file",
         ),
         (
             lambda run, tmp: [

@@ -29,7 +29,7 @@ def config(tmp_path, algo, env, name="run", **overrides):
     [
         ("dqn", "Pendulum-v1", r"dqn needs a Discrete action space.*Box"),
         ("d3qn", "Pendulum-v1", r"d3qn needs a Discrete action space"),
-        ("sac", "CartPole-v1", r"sac needs a Box action space.*Discrete"),
+        ("sac", "CartPole-v1", r"sac needs a Box action space.*Discrete.*Use a2c or d3qn or double-dqn"),
         ("td3", "Acrobot-v1", r"td3 needs a Box action space"),
     ],
 )

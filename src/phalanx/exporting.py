@@ -349,12 +349,17 @@ def _check_output(output: str | Path, format: str) -> Path:
         )
     other = {suffix: name for name, suffix in FORMATS.items() if name != format}
     if path.suffix in other:
+        named = other[path.suffix]
         raise ConfigError(
-            f"export output {str(path)!r} has the suffix of a {other[path.suffix]} file, but the format is "
-            f"{format!r}; name it {str(path.with_suffix(FORMATS[format]))!r} or choose --format "
-            f"{other[path.suffix]}."
+            f"export output {str(path)!r} has the suffix of {_article(named)} {named} file, but the format "
+            f"is {format!r}; name it {str(path.with_suffix(FORMATS[format]))!r} or choose --format {named}."
         )
     return path
+
+
+def _article(word: str) -> str:
+    """"an" before a vowel sound (an onnx file), "a" before the rest (a torchscript file)."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _group_path(base: Path, group: str | None, suffix: str) -> Path:

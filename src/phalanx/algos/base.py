@@ -172,13 +172,19 @@ class Algorithm:
     def check_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> None:
         """A ConfigError naming the space, the algorithms that can read it and the fix, where this
         algorithm cannot act in ``action_space`` or read ``observation_space`` (:attr:`observations`)."""
+        kind = observation_kind(observation_space)
         if not isinstance(action_space, cls.action_spaces):
             supported = " or ".join(space.__name__ for space in cls.action_spaces)
+            acting = algorithms_reading(kind, action_space) if kind is not None else []
+            fix = (
+                f"Use {' or '.join(acting)}, which act in it."
+                if acting
+                else "No phalanx algorithm acts in it: convert it with an action wrapper."
+            )
             raise ConfigError(
                 f"{cls.name} needs a {supported} action space, but the environment's action space is "
-                f"{action_space}. Choose an algorithm for this action space (see `phalanx train --help`)."
+                f"{action_space}. {fix}"
             )
-        kind = observation_kind(observation_space)
         if kind is None:
             raise ConfigError(
                 f"{cls.name} cannot read the observation space {observation_space}: phalanx reads a 1-D Box "

@@ -122,7 +122,7 @@ def check_normalizable(space: gym.Space) -> None:
         )
     if isinstance(space, gym.spaces.Dict):
         raise ConfigError(
-            f"normalize_obs = True is for Box observations, but the observation space is the Dict {space}. "
+            f"normalize_obs = True is for Box observations, but the observation space is a Dict, {space}. "
             "Drop --normalize-obs, or normalise the vector parts in the env (e.g. with "
             "gymnasium.wrappers.NormalizeObservation on a Box part)."
         )
