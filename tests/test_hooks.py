@@ -57,6 +57,7 @@ def test_a_hook_stops_training_on_its_own_condition(tmp_path):
     result = phalanx.train(small_config(tmp_path), show_progress=False, hooks=[hook])
     summary = result.summary
     assert summary["total_steps"] == 1536  # the first call of the hook at or after 10 updates
+    assert summary["stop_reason"] == "12 updates"  # what the hook said, kept in summary.json
     assert hook.calls == [512, 1024, 1536]  # every 512 env steps
     assert hook.started == 1 and hook.ended == 1
     assert summary["interrupted"] is False and summary["error"] is None

@@ -339,6 +339,8 @@ def test_cli_backtest(trained_run, capsys, monkeypatch):
     assert json.loads((again / "metrics.json").read_text())["period"] == ["2019-01-02", "2019-12-31"]
     assert main(["backtest", str(trained_run), "--start", "2030-01-01"]) == 2
     assert "the backtest period 2030-01-01" in capsys.readouterr().err
+    assert main(["backtest", str(trained_run), "--start", "2019-12-31", "--end", "2019-01-01"]) == 2
+    assert "ends before it starts" in " ".join(capsys.readouterr().err.split())
     assert main(["backtest", str(trained_run.parent / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -109,10 +109,13 @@ def test_best_yaml_loads_exactly_as_the_best_trials_config(study):
     assert loaded == with_hyperparameters(tiny_base(), result.best_params)
 
 
-def test_rerunning_continues_the_study_and_refuses_another_search(study, tmp_path):
+def test_rerunning_continues_the_study_and_refuses_another_search(study, tmp_path, capsys):
     directory = tmp_path / "cartpole"
     shutil.copytree(study[0], directory)
     before = {t.number: t.value for t in load_study(directory).trials}
+    tune(tiny_base(), 3, search=SEARCH, sampler="random", pruner="none", interval=CHUNK, directory=directory,
+         show_progress=True)  # fmt: skip
+    assert "nothing to do: the study" in capsys.readouterr().err
     tune(tiny_base(), 4, search=SEARCH, sampler="random", pruner="none", interval=CHUNK, directory=directory,
          show_progress=False)  # fmt: skip
     trials = load_study(directory).trials
@@ -275,6 +278,8 @@ def test_the_default_search_space_fits_every_preset(algo):
         ({"search": {"activation": "choice:tanh"}}, r"a choice needs at least two values"),
         ({"search": {"activation": "choice:tanh,sigmoid"}}, r"the value 'sigmoid' makes an invalid config"),
         ({"search": {"minibatch_size": "int:64,1024"}}, r"the value 1024 makes an invalid config"),
+        ({"search": {"epochs": "int:1,10,4"}}, r"never reaches 10 \(its values are 1, 5, ..., 9\)"),
+        ({"search": {"horizon": "int:16,4096"}}, r"the value 4096 .*one rollout, horizon 4096 x num_envs"),
         ({"sampler": "cmaes"}, r"unknown sampler 'cmaes'.*tpe, random"),
         ({"pruner": "medain"}, r"unknown pruner 'medain'. Did you mean 'median'"),
         ({"trials": 0}, r"trials = 0 is invalid"),

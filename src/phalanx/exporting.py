@@ -358,7 +358,7 @@ def _check_output(output: str | Path, format: str) -> Path:
 
 
 def _article(word: str) -> str:
-    """"an" before a vowel sound (an onnx file), "a" before the rest (a torchscript file)."""
+    """ "an" before a vowel sound (an onnx file), "a" before the rest (a torchscript file)."""
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 

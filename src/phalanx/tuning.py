@@ -147,6 +147,15 @@ class Dimension:
                 raise ConfigError(f"{where}: an integer search needs whole numbers, got {list(arguments)}.")
             if kind == "int" and len(arguments) == 3 and arguments[2] < 1:
                 raise ConfigError(f"{where}: the step must be >= 1, got {arguments[2]}.")
+            if kind == "int" and len(arguments) == 3 and (high - low) % arguments[2]:
+                step = arguments[2]
+                reached = low + (high - low) // step * step
+                raise ConfigError(
+                    f"{where}: with step {step} from {low} the search never reaches {high} (its values are "
+                    f"{low}, {low + step}, ..., {reached}); both ends are included, so high - low must be a "
+                    f"multiple of the step: e.g. int:{low},{reached},{step} or int:{low},"
+                    f"{reached + step},{step}."
+                )
             field_type = _number_type(type(hyperparameters), name)
             if kind in ("uniform", "log") and field_type is not float:
                 raise ConfigError(
@@ -165,6 +174,7 @@ class Dimension:
             try:
                 trial = with_hyperparameters(base, {name: self.decode(name, base, value)})
                 trial.validate()
+                check_within_budget(trial)
             except ConfigError as error:
                 raise ConfigError(f"{where}: the value {value!r} makes an invalid config: {error}") from None
 
@@ -394,6 +404,22 @@ class TuneResult:
         return trials_table(self.study, list(self.best_params))
 
 
+def check_within_budget(config: TrainConfig) -> None:
+    """A ConfigError where one rollout of an on-policy trial (horizon x num_envs env steps, which it
+    collects whole) is more than its budget: the trial would train past the budget every trial shares."""
+    if not isinstance(config.hyperparameters, ActorCriticConfig):  # PPO, A2C: rollouts of a horizon
+        return
+    horizon = config.hyperparameters.horizon
+    rollout = horizon * config.num_envs
+    if rollout > config.total_steps:
+        raise ConfigError(
+            f"one rollout, horizon {horizon} x num_envs {config.num_envs} = {rollout:,} env steps, is more "
+            f"than the budget of {config.total_steps:,}: the trial would train "
+            f"{rollout - config.total_steps:,} steps past it. Lower the horizon's search range or num_envs, "
+            "or raise --total-steps."
+        )
+
+
 class TuneInterrupted(PhalanxError):
     """Ctrl+C: the running trials saved checkpoints; the same command continues the study."""
 
@@ -549,6 +575,11 @@ class Tuning:
             orphans = self.orphans(study)
             if orphans:
                 self.say(f"continuing {len(orphans)} trial(s) from their checkpoints")
+            elif len(self.ended(study)) >= self.config.trials:
+                self.say(
+                    f"nothing to do: the study in {self.directory} has its {self.config.trials} trials; "
+                    f"pass --trials N (N > {self.config.trials}) to run more"
+                )
             try:
                 self.loop(study, backend, orphans)
             except KeyboardInterrupt:
@@ -603,6 +634,7 @@ class Tuning:
             values = {n: self.space[n].decode(n, base, stored[n]) for n in self.space}
             config = with_hyperparameters(base, values, run_dir=str(run_dir), eval_process=False)
             config.validate()
+            check_within_budget(config)
         except ConfigError as error:  # a combination of values that no config takes
             self.fail(trial, f"its values make an invalid config: {error}")
             return

@@ -196,10 +196,17 @@ class MarketData:
         """``(first, last)`` bar indices with ``start <= date <= end`` (inclusive; a date without a
         time includes its whole day). Raises DataError if no bar is in the period."""
         ints = self.dates.astype(np.int64)
-        first = 0 if start is None else int(np.searchsorted(ints, _parse_date(start, f"{what} start")))
+        begin = None if start is None else _parse_date(start, f"{what} start")
+        stop = None if end is None else _parse_end(end, f"{what} end")
+        if begin is not None and stop is not None and begin >= stop:
+            raise DataError(
+                f"{self.source}: the {what} {start}..{end} ends before it starts: the start must come before "
+                f"the end. Swap them (start {end}, end {start})."
+            )
+        first = 0 if begin is None else int(np.searchsorted(ints, begin))
         last = len(ints) - 1
-        if end is not None:
-            last = int(np.searchsorted(ints, _parse_end(end, f"{what} end"), side="left")) - 1
+        if stop is not None:
+            last = int(np.searchsorted(ints, stop, side="left")) - 1
         if first > last or not len(ints):
             raise DataError(
                 f"{self.source}: the {what} {start or 'start'}..{end or 'end'} has no bars; the data "

@@ -38,6 +38,7 @@ def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None)
         "best_eval_return": trainer.evaluator.best_return if evaluation else None,
         "best_eval_steps": trainer.evaluator.best_steps if evaluation else None,
         "buffer_bytes": trainer.buffer.nbytes,
+        "stop_reason": trainer.stop_reason,  # stop_return, or what a hook's trainer.stop(reason) said
         "interrupted": interrupted,
         "signal": received_signal() if interrupted else None,  # SIGINT (Ctrl+C), SIGTERM; None: a request
         "error": error,
