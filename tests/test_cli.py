@@ -127,11 +127,18 @@ def test_preset_and_flags_and_config_file_compose(tmp_path):
         (["resume", "/nonexistent/run"], "does not exist"),
         (["check-env", "no_such_module_xyz:make"], "no_such_module_xyz"),
         (["trian"], "Did you mean `phalanx train`"),
+        (["export", "/nonexistent/run"], "does not exist"),
+        (["backtest", "/nonexistent/run"], "does not exist"),
+        (["plot", "/nonexistent/run"], "is not a directory"),
+        (["population", "status", "/nonexistent/pop"], "/nonexistent/pop"),
+        (["population", "run", "ppo", "CartPole-v1", "--size", "0"], "size = 0 is invalid"),
+        (["tune", "ppo", "CartPole-v1", "--trials", "0"], "trials = 0 is invalid"),
     ],
 )
-def test_bad_input_gets_one_paragraph_and_nonzero_exit(capsys, argv, expected):
+def test_bad_input_gets_one_paragraph_and_exit_2(capsys, argv, expected):
+    """Bad input exits 2 (the README's table of exit codes), whatever the command."""
     code, out = run_cli(capsys, *argv)
-    assert code != 0
+    assert code == 2
     assert expected in " ".join(out.split()), out
     assert "Traceback" not in out
 
