@@ -362,6 +362,45 @@ def run_phalanx(
     }
 
 
+def run_phalanx_config(settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``phalanx train ALGO ENV --config FILE`` (``settings``, with ``algo`` and ``env``, in FILE) in a fresh
+    process, as a user runs it, nothing imported or set before: the process's wall time (the user's wait:
+    imports, setup, compile, training, the final evaluation), the summary's figures (``wall_time_s``, the
+    training's, compile included) and the last training return in metrics.csv."""
+    import csv
+
+    import yaml
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir.with_suffix(".yaml")
+    config_file.write_text(yaml.safe_dump(settings))
+    log = run_dir.with_suffix(".log")
+    command = [sys.executable, "-m", "phalanx.cli", "train", settings["algo"], settings["env"]]
+    command += ["--config", str(config_file), "--run-dir", str(run_dir)]
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+    process_s = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    if code != 0 or not summary_path.is_file():
+        return {"error": f"exit {code}", "log_tail": log.read_text()[-1500:]}
+    summary = json.loads(summary_path.read_text())
+    with open(run_dir / "metrics.csv") as handle:
+        returns = [
+            row["episode_return_mean"] for row in csv.DictReader(handle) if row.get("episode_return_mean")
+        ]
+    return {
+        "process_s": process_s,
+        "wall_time_s": summary["wall_time_s"],
+        "compile_time_s": summary.get("compile_time_s"),
+        "steps": summary["total_steps"],
+        "steps_per_second": summary["steps_per_second"],
+        "final_return": float(returns[-1]) if returns else None,
+        "eval_return": summary["eval_return_mean"],
+        "command": " ".join(command[1:]),
+    }
+
+
 # -- peers run as they are, in virtualenvs of their own ----------------------------------------------------
 def peer_python(peer: str, packages: list[str]) -> Path | None:
     """The Python of the virtualenv ``benchmarks/.peers/PEER`` with ``packages`` (pinned), created and

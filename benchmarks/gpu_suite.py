@@ -83,7 +83,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import machine_info, markdown_table, run_phalanx, timed_steps, write_json  # noqa: E402
+from benchlib import (  # noqa: E402
+    machine_info,
+    markdown_table,
+    run_phalanx,
+    run_phalanx_config,
+    timed_steps,
+    write_json,
+)
 
 PARTS = (
     "device",
@@ -587,7 +594,7 @@ def vs_purejaxrl_part(
                 **vs_purejaxrl.phalanx_settings(**spec, compile=compiled, threads=0),
                 "device": device,
             }
-            part.take(row, 15.0, phalanx_cli_run, settings, log_root / f"phalanx-{label}-{row['mode']}")
+            part.take(row, 15.0, run_phalanx_config, settings, log_root / f"phalanx-{label}-{row['mode']}")
         for row in phalanx_rows:
             if "process_s" in row and "process_s" in peer_row:
                 row["speed_vs_purejaxrl_process"] = peer_row["process_s"] / row["process_s"]
@@ -615,43 +622,6 @@ def purejaxrl_run(spec: dict[str, Any], log: Path, peer_path: str | None) -> dic
     if "error" in result:
         result["log_tail"] = log.read_text()[-1500:]
     return result
-
-
-def phalanx_cli_run(settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """``phalanx train ALGO ENV --config FILE`` (``settings`` in FILE) in a fresh process, as a user runs it:
-    the process's wall time, the summary's figures and the last training return in metrics.csv."""
-    import csv
-
-    import yaml
-
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    config_file = run_dir.with_suffix(".yaml")
-    config_file.write_text(yaml.safe_dump(settings))
-    log = run_dir.with_suffix(".log")
-    command = [sys.executable, "-m", "phalanx.cli", "train", settings["algo"], settings["env"]]
-    command += ["--config", str(config_file), "--run-dir", str(run_dir)]
-    start = time.perf_counter()
-    with open(log, "w") as handle:
-        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
-    process_s = time.perf_counter() - start
-    summary_path = run_dir / "summary.json"
-    if code != 0 or not summary_path.is_file():
-        return {"error": f"exit {code}", "log_tail": log.read_text()[-1500:]}
-    summary = json.loads(summary_path.read_text())
-    with open(run_dir / "metrics.csv") as handle:
-        returns = [
-            row["episode_return_mean"] for row in csv.DictReader(handle) if row.get("episode_return_mean")
-        ]
-    return {
-        "process_s": process_s,
-        "wall_time_s": summary["wall_time_s"],
-        "compile_time_s": summary.get("compile_time_s"),
-        "steps": summary["total_steps"],
-        "steps_per_second": summary["steps_per_second"],
-        "final_return": float(returns[-1]) if returns else None,
-        "eval_return": summary["eval_return_mean"],
-        "command": " ".join(command[1:]),
-    }
 
 
 def offpolicy_mujoco_part(part: Part, device: str, sizes: Sizes, log_root: Path) -> None:
