@@ -8,14 +8,7 @@ agent = phalanx.load_agent(result.run_dir)
 
 import importlib
 import importlib.util
-import os
 from typing import Any
-
-# Before torch is first imported: idle OpenMP threads sleep instead of spinning. With torch's default
-# of one thread per core, spinning threads stall every small op whenever another process holds a core
-# (measured: a 2 s CartPole run took 9-87 s on a shared 2-core machine). Set the variable yourself to
-# override; it has no effect if torch was imported before phalanx.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

@@ -189,8 +189,10 @@ class TrainConfig:
     without it after a warning, instead of stopping with an error before the run starts."""
     save_buffer: bool = False
     """Include the replay buffer in checkpoints (off-policy), so that a resume continues exactly."""
-    torch_threads: int = 0
-    """torch.set_num_threads for this run (0: leave torch's default)."""
+    torch_threads: int = 1
+    """torch's intra-op threads for this run (0: torch's default, one per core). One thread is never
+    pathological: on a quiet 2-core machine it gives up to 27% to two threads on large batches, while two
+    threads run 2.5x slower than one as soon as another process holds a core (docs/performance.md)."""
     compile: bool | None = None
     """Run the env step, acting and the update as compiled graphs (torch.compile): --compile (true);
     --no-compile (false): eagerly; neither (null): compiled on CUDA, eager on a CPU, where compiling costs

@@ -1,0 +1,60 @@
+"""The path users take runs as fast as the path benchmarks took: ``phalanx train`` in a fresh process and
+``phalanx.train`` from a script that imported torch._dynamo and matplotlib first (what the benchmarks'
+children did) reach the same env steps/s. phalanx once set OMP_WAIT_POLICY=PASSIVE on import, which acts
+only if torch is not imported yet: every user's run got it, every benchmark's not, and users' small PPO
+ran 2.2x slower than the benchmarks said. A ratio inside one test, never an absolute time."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = ["--num-envs", "4", "--horizon", "128", "--minibatch-size", "128", "--epochs", "4",
+         "--hidden-sizes", "64", "64", "--total-steps", "12288", "--eval-every", "0",
+         "--eval-episodes", "1", "--torch-threads", "2"]  # fmt: skip  (2: sensitive to the wait policy)
+SCRIPT = """
+import sys
+import torch._dynamo  # what the benchmarks' children imported before their clock
+import matplotlib.pyplot
+from phalanx.cli import parse_train_args
+import phalanx
+phalanx.train(parse_train_args(sys.argv[1:]), show_progress=False)
+"""
+
+
+def steps_per_second(command: list[str], run_dir: Path) -> float:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    environment.pop("OMP_WAIT_POLICY", None)
+    done = subprocess.run(
+        [*command, "--run-dir", str(run_dir)], capture_output=True, text=True, env=environment
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((run_dir / "summary.json").read_text())["steps_per_second"]
+
+
+def test_importing_phalanx_sets_no_threading_variable():
+    """OpenMP's and MKL's variables act only before torch starts: one set on import would make a run's
+    speed depend on what its script imported first."""
+    code = (
+        "import os; before = dict(os.environ); import phalanx, phalanx.cli; "
+        "print(sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k) "
+        "and k.startswith(('OMP_', 'MKL_', 'KMP_', 'GOMP_'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_cli_runs_as_fast_as_a_script_that_imported_torch_first(tmp_path):
+    cli = [sys.executable, "-m", "phalanx.cli", "train", "ppo", "CartPole-v1", *FLAGS]
+    script = [sys.executable, "-c", SCRIPT, "ppo", "CartPole-v1", *FLAGS]
+    rates: dict[str, list[float]] = {"cli": [], "script": []}
+    for repeat in range(2):  # interleaved, so that a change in the machine's load falls on both
+        for name, command in (("cli", cli), ("script", script))[:: 1 if repeat == 0 else -1]:
+            rates[name].append(steps_per_second(command, tmp_path / f"{name}{repeat}"))
+    ratio = statistics.median(rates["cli"]) / statistics.median(rates["script"])
+    assert 0.67 < ratio < 1.5, rates
