@@ -14,9 +14,27 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = ["--num-envs", "4", "--horizon", "128", "--minibatch-size", "128", "--epochs", "4",
-         "--hidden-sizes", "64", "64", "--total-steps", "12288", "--eval-every", "0",
-         "--eval-episodes", "1", "--torch-threads", "2"]  # fmt: skip  (2: sensitive to the wait policy)
+FLAGS = [
+    "--num-envs",
+    "4",
+    "--horizon",
+    "128",
+    "--minibatch-size",
+    "128",
+    "--epochs",
+    "4",
+    "--hidden-sizes",
+    "64",
+    "64",
+    "--total-steps",
+    "12288",
+    "--eval-every",
+    "0",
+    "--eval-episodes",
+    "1",
+    "--torch-threads",
+    "2",
+]  # fmt: skip  (2: sensitive to the wait policy)
 SCRIPT = """
 import sys
 import torch._dynamo  # what the benchmarks' children imported before their clock
@@ -58,3 +76,35 @@ def test_the_cli_runs_as_fast_as_a_script_that_imported_torch_first(tmp_path):
             rates[name].append(steps_per_second(command, tmp_path / f"{name}{repeat}"))
     ratio = statistics.median(rates["cli"]) / statistics.median(rates["script"])
     assert 0.67 < ratio < 1.5, rates
+
+
+def test_eval_export_and_load_agent_import_no_compiler_plotting_or_tracking(tmp_path):
+    """A deployed policy acts and never learns: no optimiser is built (torch's optimisers import its
+    compiler, a second of start-up), and nothing of plotting or tracking is imported."""
+    run = tmp_path / "run"
+    train = [
+        sys.executable,
+        "-m",
+        "phalanx.cli",
+        "train",
+        "ppo",
+        "CartPole-v1",
+        *FLAGS[:-2],
+        "--run-dir",
+        str(run),
+    ]
+    assert subprocess.run(train, capture_output=True, timeout=300).returncode == 0
+    script = (
+        "import sys\n"
+        "import numpy as np\n"
+        "import phalanx\n"
+        "from phalanx.cli import main\n"
+        f"run = {str(run)!r}\n"
+        "phalanx.load_agent(run).act(np.zeros((2, 4), np.float32))\n"
+        "assert main(['eval', run, '--episodes', '2']) == 0\n"
+        "assert main(['export', run, '--format', 'torchscript', '--output', run + '/p.pt']) == 0\n"
+        "heavy = ('torch._dynamo', 'torch._inductor', 'matplotlib', 'tensorboard', 'wandb', 'optuna')\n"
+        "print('IMPORTED', [name for name in heavy if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "IMPORTED []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

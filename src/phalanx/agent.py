@@ -26,6 +26,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.wrappers import NormalizeObservation, RunningMeanStd, agent_action_space, find_wrapper
 from phalanx.errors import CheckpointError
 from phalanx.nets import observation_shape
+from phalanx.optim import without_optimizers
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 from phalanx.train.environments import EVAL_SEED_OFFSET, EnvSpacePolicy, build_env, spaces_from_spec
 from phalanx.train.evaluator import Evaluation, Evaluator
@@ -164,10 +165,12 @@ def flatten_dict_observation(space: gym.Space, obs: Mapping[str, Any]) -> np.nda
 
 
 def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:
-    """The run's algorithm, built for ``spaces`` on ``device``, with the checkpoint's weights."""
-    algorithm = registry.algorithm_class(config.algo, config.hyperparameters)(
-        config.hyperparameters, *spaces, device
-    )
+    """The run's algorithm, built for ``spaces`` on ``device``, with the checkpoint's weights: a policy
+    that acts, without optimisers (their state in the checkpoint is left alone)."""
+    with without_optimizers():
+        algorithm = registry.algorithm_class(config.algo, config.hyperparameters)(
+            config.hyperparameters, *spaces, device
+        )
     algorithm.load_state_dict(state["algorithm"])
     return algorithm
 

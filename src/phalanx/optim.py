@@ -24,9 +24,10 @@ treatment with a member dimension: :func:`flatten_parameters` makes their parame
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -198,9 +199,31 @@ class FlatRMSprop(_FlatOptimizerMixin, torch.optim.RMSprop):
         torch.optim.RMSprop.__init__(self, [self.flat.parameter], **kwargs)
 
 
-def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer:
-    """Adam over a flat buffer of ``parameters`` (see the module docstring)."""
-    return FlatAdam(parameters, **kwargs)
+class _Building:
+    optimizers = True
+
+
+@contextlib.contextmanager
+def without_optimizers() -> Iterator[None]:
+    """Algorithms built inside hold no optimisers (None where one would be): a deployed policy (``phalanx
+    eval``, ``export``, ``load_agent``) acts and never learns, and building a torch optimiser imports
+    torch's compiler, a second of start-up."""
+    before, _Building.optimizers = _Building.optimizers, False
+    try:
+        yield
+    finally:
+        _Building.optimizers = before
+
+
+def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+    """Adam over a flat buffer of ``parameters`` (see the module docstring); None inside
+    :func:`without_optimizers`."""
+    return FlatAdam(parameters, **kwargs) if _Building.optimizers else None
+
+
+def make_rmsprop(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+    """RMSprop over a flat buffer of ``parameters``; None inside :func:`without_optimizers`."""
+    return FlatRMSprop(parameters, **kwargs) if _Building.optimizers else None
 
 
 def load_adam_state(

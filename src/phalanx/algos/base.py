@@ -302,11 +302,14 @@ def _state_dicts(entries: dict[str, Any]) -> dict[str, Any]:
     return {
         key: _state_dicts(value) if isinstance(value, dict) else value.state_dict()
         for key, value in entries.items()
+        if value is not None  # an optimiser of an algorithm built to act only (without_optimizers)
     }
 
 
 def _load_state_dicts(entries: dict[str, Any], state: dict[str, Any]) -> None:
     for key, value in entries.items():
+        if value is None:  # an optimiser of an algorithm built to act only: its state is left alone
+            continue
         if isinstance(value, dict):
             _load_state_dicts(value, state[key])
         else:

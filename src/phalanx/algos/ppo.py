@@ -42,7 +42,7 @@ from phalanx.nets import (
     head_on_features,
     multi_discrete_sizes,
 )
-from phalanx.optim import FlatRMSprop, GradientStep, make_adam
+from phalanx.optim import GradientStep, make_adam, make_rmsprop
 from phalanx.registry import no_recurrent_policy, registration
 
 Tensor = torch.Tensor
@@ -635,7 +635,7 @@ class A2C(PPO):
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
-        return FlatRMSprop(
+        return make_rmsprop(
             self.parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
         )
 

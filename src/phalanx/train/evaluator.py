@@ -19,6 +19,7 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import BatchedVecEnv, VecEnv, as_device, block_seeds, episode_ends
 from phalanx.envs.registry import register_env
 from phalanx.envs.wrappers import NormalizeObservation, find_wrapper
+from phalanx.optim import without_optimizers
 from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
 from phalanx.registry import algorithm_class
 from phalanx.train.environments import build_env, to_device
@@ -273,7 +274,8 @@ class CopiesEvaluator:
         self.algorithm_class = algorithm_class(config.algo, config.hyperparameters)
         self.spaces = self.envs[1].single_observation_space, self.envs[1].single_action_space
         try:
-            self.algorithms = [self.algorithm_class(config.hyperparameters, *self.spaces, self.device)]
+            with without_optimizers():  # copies to act with, never to train
+                self.algorithms = [self.algorithm_class(config.hyperparameters, *self.spaces, self.device)]
         except BaseException:
             self.close()
             raise
@@ -290,9 +292,10 @@ class CopiesEvaluator:
         if k not in self.envs:
             self.envs[k] = build_env(self.config, k * episodes, training=False, blocks=k)
         while len(self.algorithms) < k:
-            self.algorithms.append(
-                self.algorithm_class(self.config.hyperparameters, *self.spaces, self.device)
-            )
+            with without_optimizers():
+                self.algorithms.append(
+                    self.algorithm_class(self.config.hyperparameters, *self.spaces, self.device)
+                )
         for algorithm, copy in zip(self.algorithms, copies, strict=False):  # the first k
             algorithm.load_state_dict(copy["algorithm"])
         normalizer = find_wrapper(self.envs[k], NormalizeObservation)
