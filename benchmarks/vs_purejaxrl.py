@@ -165,7 +165,7 @@ def phalanx_settings(
         "eval_every": 0,  # one evaluation, at the end
         "eval_episodes": 10,
         "log_every": final_window(updates) * num_envs * num_steps,
-        "torch_threads": threads,
+        **({"torch_threads": threads} if threads else {}),  # 0: phalanx's default (1)
         "compile": compile,
         "hyperparameters": {
             "horizon": num_steps,
@@ -315,6 +315,13 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="threads of every library (0: its default)")
+    parser.add_argument(
+        "--phalanx-threads",
+        nargs="+",
+        type=int,
+        default=None,
+        help="also run phalanx with these --torch-threads (each a run of its own; default: --threads)",
+    )
     add_json_option(parser)
     parser.add_argument("--child", choices=["purejaxrl"], help=argparse.SUPPRESS)
     parser.add_argument("--child-spec", help=argparse.SUPPRESS)
@@ -371,8 +378,10 @@ def main() -> None:
                 runs["CleanRL"] = run_cleanrl(pythons["cleanrl"], **spec, log=logs / f"cleanrl-{name}.log")
         if "phalanx" in libraries:
             for mode in args.phalanx_modes:
-                run_dir = logs / f"phalanx-{mode}-{name}"
-                runs[f"phalanx {mode}"] = run_phalanx(spec, mode == "compiled", args.threads, run_dir)
+                for threads in args.phalanx_threads or [args.threads]:
+                    label = f"phalanx {mode}" + (f", {threads} threads" if args.phalanx_threads else "")
+                    run_dir = logs / f"phalanx-{mode}-{threads}-{name}"
+                    runs[label] = run_phalanx(spec, mode == "compiled", threads, run_dir)
         for label, result in runs.items():
             print(f"  {label}: {result}", flush=True)
         if runs:
