@@ -162,3 +162,26 @@ def test_a_compiled_run_resumes_exactly(runs):
     assert resumed.summary["compile_time_s"] >= runs["half"].summary["compile_time_s"]  # summed over both
     a, b = parameters(straight.run_dir), parameters(resumed.run_dir)
     assert all(torch.equal(a[name], b[name]) for name in a), "resumed parameters differ from the straight run"
+
+
+@pytest.mark.parametrize(("cost", "compiles"), [(0.0, True), (1e9, False)])
+def test_compile_null_times_the_run_and_compiles_only_where_it_pays(tmp_path, monkeypatch, cost, compiles):
+    """compile: null starts eagerly, times a few iterations, and compiles for the rest when the eager time
+    left, times the saving, is more than a compile costs (here made free, or endless); it says why."""
+    import phalanx
+    from phalanx.train.hooks import CompileWhenItPays
+    from phalanx.train.trainer import Trainer
+
+    monkeypatch.setitem(compiling.COMPILE_ECONOMICS, "cpu", (cost, 2.0))
+    calls = []
+    monkeypatch.setattr(Trainer, "compile", lambda self: calls.append(self.steps) or ["(recorded)"])
+    monkeypatch.setattr(CompileWhenItPays, "MEASURE_SECONDS", 0.0)
+    config = phalanx.make_config(
+        "ppo", "CartPole-v1", use_preset=False, num_envs=4, horizon=32, minibatch_size=64, epochs=1,
+        total_steps=128 * 12, eval_every=0, eval_episodes=1, run_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    summary = phalanx.train(config, show_progress=False).summary
+    assert summary["compile_decision"].startswith("compiled at step 512" if compiles else "eager: ~")
+    assert "s to compile on cpu" in summary["compile_decision"]
+    assert calls == ([512] if compiles else [])  # after the warm-up iteration and 3 timed ones
+    assert summary["compiled"] == (["(recorded)"] if compiles else [])

@@ -8,15 +8,16 @@ generators, in the same order), so the compiled and the eager function compute t
 differ only by floating-point rounding; the eager one is the reference the tests compare against.
 
 A run compiles when ``TrainConfig.compile`` is True (``--compile``), runs eagerly when it is False
-(``--no-compile``), and when it is None (the default) compiles where it pays: on CUDA, where the
-overhead is kernel-launch latency; on a CPU compiling costs tens of seconds the first time (torch
-caches the artefacts on disk, so later runs of the same shapes pay a few seconds), which only long
-runs earn back, so the default there is eager (docs/compile.md has the figures).
+(``--no-compile``), and when it is None (the default) decides for itself, per run: it starts eagerly,
+times a few iterations, and compiles for the rest only if the eager time left, times what compiling
+saves on this kind of device, is more than a compile costs there (:data:`COMPILE_ECONOMICS`,
+:func:`compile_pays`). A 2-second run never waits for a compile; a 10-minute one compiles.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import time
@@ -57,14 +58,34 @@ def compile_problem(device: torch.device) -> str | None:
 
 
 def should_compile(requested: bool | None, device: torch.device) -> bool:
-    """Resolve ``TrainConfig.compile``: True and False as asked (True raises a ConfigError with the fix
-    where compiling is impossible); None: compile on CUDA when it can, eager elsewhere."""
+    """Resolve ``TrainConfig.compile`` at the start of a run: True and False as asked (True raises a
+    ConfigError with the fix where compiling is impossible); None: eager at the start (the run decides
+    later whether compiling pays, :func:`compile_pays`)."""
     problem = compile_problem(device)
     if requested is None:
-        return device.type == "cuda" and problem is None
+        return False
     if requested and problem is not None:
         raise ConfigError(f"compile = True, but {problem}; or run eagerly with --no-compile.")
     return bool(requested)
+
+
+COMPILE_ECONOMICS = {"cpu": (30.0, 1.3), "cuda": (10.0, 2.0)}
+"""By device type: (seconds a run's compile costs, how many times faster the compiled run then goes), the
+cautious end of what was measured (BENCHMARKS.md): on a 2-core CPU, PPO's graphs took 10-30 s to compile
+(6 s from torch's on-disk cache) and ran 1.3-1.7x faster; on an H200, 6.3-7.7 s and 2.2-3.2x."""
+
+
+def compile_pays(device: torch.device, eager_seconds_left: float) -> tuple[bool, str]:
+    """Whether compiling now pays for a run with ``eager_seconds_left`` of eager training ahead, and why,
+    in words for the run's log."""
+    cost, speedup = COMPILE_ECONOMICS.get(device.type, (math.inf, 1.0))
+    saving = eager_seconds_left * (1.0 - 1.0 / speedup)
+    verdict = saving > cost
+    why = (
+        f"~{eager_seconds_left:,.0f} s of eager training left; compiled, ~{saving:,.0f} s of it saved "
+        f"against ~{cost:.0f} s to compile on {device.type}"
+    )
+    return verdict, why
 
 
 def compiled(function: Function, dynamic: bool = False) -> Function:

@@ -10,9 +10,13 @@ See docs/hooks.md.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from phalanx.compiling import compile_pays, compile_problem
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -202,3 +206,53 @@ class Checkpoints(Hook):
         if trainer.group is not None:
             due = bool(trainer.group.maximum(int(due)))
         return due
+
+
+class CompileWhenItPays(Hook):
+    """``compile: null`` (the default): the run starts eagerly, times its iterations once it learns (off-
+    policy: after the warm-up) for at least ``MEASURE_ITERATIONS`` iterations and ``MEASURE_SECONDS``, then
+    compiles for the rest if :func:`~phalanx.compiling.compile_pays` says it pays, and says what it chose
+    and why in the log and summary.json (``compile_decision``). Never in a learner group (the learners
+    would have to agree) nor a pipeline."""
+
+    MEASURE_ITERATIONS = 3
+    MEASURE_SECONDS = 1.0
+
+    def __init__(self, trainer: Trainer) -> None:
+        config = trainer.config
+        self.active = (
+            config.compile is None
+            and compile_problem(trainer.device) is None
+            and trainer.group is None
+            and not config.pipeline
+        )
+        self.start: tuple[float, int, int] | None = None  # (clock, steps, iterations) when timing began
+        self.iterations = 0
+
+    def after_iteration(self, trainer: Trainer) -> None:
+        if not self.active or trainer.learner.updates == 0:
+            return
+        self.iterations += 1
+        now = self._clock(trainer)
+        if self.start is None:  # the first learning iteration: warm-up, not timed
+            self.start = (now, trainer.steps, self.iterations)
+            return
+        began, steps, iterations = self.start
+        seconds, timed = now - began, trainer.steps - steps
+        if self.iterations - iterations < self.MEASURE_ITERATIONS or seconds < self.MEASURE_SECONDS:
+            return
+        self.active = False
+        left = max(trainer.config.total_steps - trainer.steps, 0) * seconds / max(timed, 1)
+        pays, why = compile_pays(trainer.device, left)
+        if pays:
+            trainer.compiled = trainer.compile()
+            trainer.compile_decision = f"compiled at step {trainer.steps:,}: {why}"
+        else:
+            trainer.compile_decision = f"eager: {why}"
+        trainer.logger.message(trainer.compile_decision)
+
+    @staticmethod
+    def _clock(trainer: Trainer) -> float:
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+        return time.perf_counter()

@@ -71,6 +71,7 @@ def train(trainer: Trainer, hooks: Sequence[Hook] = ()) -> TrainResult:
         trainer.stop_at_return,
         trainer.logging,
         trainer.checkpointing,
+        trainer.auto_compile,
     ]
     for hook in hooks:  # a hand-over first: the run's files below see its config and steps
         hook.on_start(trainer)
@@ -120,6 +121,7 @@ def _loop(trainer: Trainer, user_hooks: list[tuple[Hook, Schedule]]) -> None:
             _safe_point(trainer)
             trainer.logging.after_iteration(trainer)
             trainer.checkpointing.after_iteration(trainer)
+            trainer.auto_compile.after_iteration(trainer)
     except Insisted:  # a second Ctrl+C before the safe point: the state may be half-updated
         _end_files(trainer, interrupted=True, error=INSISTED)
         raise

@@ -29,6 +29,7 @@ def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None)
         "steps_per_second": trainer.steps / max(wall, 1e-9),
         "compiled": trainer.compiled,
         "compile_time_s": trainer.compile_stopwatch(),
+        "compile_decision": trainer.compile_decision,  # compile: null's choice, and why
         "stop_return": trainer.config.stop_return,
         "time_to_stop_return_s": trainer.time_to_stop_return,
         "eval_return_mean": evaluation.mean if evaluation else None,

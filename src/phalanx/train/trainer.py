@@ -47,7 +47,15 @@ from phalanx.train.environments import (
 )
 from phalanx.train.evaluations import Evaluations
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
-from phalanx.train.hooks import Checkpoints, Hook, Logging, Schedule, StopAtReturn, check_hooks
+from phalanx.train.hooks import (
+    Checkpoints,
+    CompileWhenItPays,
+    Hook,
+    Logging,
+    Schedule,
+    StopAtReturn,
+    check_hooks,
+)
 from phalanx.train.learner import Learner, LearnerGroup, StatisticsSync
 from phalanx.train.logging import Stopwatch
 from phalanx.train.loop import TrainResult, train
@@ -211,6 +219,8 @@ class Trainer:
         self.stop_at_return = StopAtReturn()
         self.logging = Logging(self)
         self.checkpointing = Checkpoints(self)
+        self.auto_compile = CompileWhenItPays(self)
+        self.compile_decision: str | None = None  # compile: null's choice, once made (summary.json)
         self.hooks: list[Hook] = []  # those of the current train(): the user's, then the built-in ones
 
     def compile(self) -> list[str]:
