@@ -149,6 +149,8 @@ class Sizes:
     solve_run_cap_s: float
     peer_configs: dict[str, tuple[int, int, int]]  # vs_purejaxrl: label -> (num_envs, num_steps, env steps)
     offpolicy_steps: tuple[int, int]  # offpolicy_mujoco: (learning starts, total env steps)
+    offpolicy_algos: tuple[str, ...]  # offpolicy_mujoco: the presets run
+    offpolicy_flags: tuple[str, ...]  # offpolicy_mujoco: more train flags
 
 
 FULL = Sizes(
@@ -172,6 +174,8 @@ FULL = Sizes(
     solve_run_cap_s=100.0,
     peer_configs={"1024x32": (1024, 32, 5_000_000), "4096x16": (4096, 16, 5_000_000)},
     offpolicy_steps=(2_000, 8_000),
+    offpolicy_algos=("sac", "td3"),
+    offpolicy_flags=(),
 )
 SMOKE = Sizes(
     env_envs=(2**8, 2**10),
@@ -194,6 +198,8 @@ SMOKE = Sizes(
     solve_run_cap_s=60.0,
     peer_configs={"16x8": (16, 8, 1_024)},
     offpolicy_steps=(256, 400),
+    offpolicy_algos=("sac",),
+    offpolicy_flags=("--num-workers", "0"),  # no worker processes to start: the smoke checks the script
 )
 
 
@@ -632,12 +638,15 @@ def offpolicy_mujoco_part(part: Part, device: str, sizes: Sizes, log_root: Path)
         part.take(part.plan(env="HalfCheetah-v5"), 0, lambda: {"not_available": "mujoco is not installed"})
         return
     starts, total = sizes.offpolicy_steps
-    for algo in ("sac", "td3"):
+    for algo in sizes.offpolicy_algos:
         row = part.plan(algo=algo, env="HalfCheetah-v5", learning_starts=starts, env_steps=total)
-        part.take(row, 15.0, offpolicy_run, algo, device, starts, total, log_root / f"{algo}-halfcheetah")
+        run_dir = log_root / f"{algo}-halfcheetah"
+        part.take(row, 15.0, offpolicy_run, algo, device, starts, total, run_dir, sizes.offpolicy_flags)
 
 
-def offpolicy_run(algo: str, device: str, starts: int, total: int, run_dir: Path) -> dict[str, Any]:
+def offpolicy_run(
+    algo: str, device: str, starts: int, total: int, run_dir: Path, flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from mujoco_speed import steady_rates
 
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -645,6 +654,7 @@ def offpolicy_run(algo: str, device: str, starts: int, total: int, run_dir: Path
     command = [sys.executable, "-m", "phalanx.cli", "train", algo, "HalfCheetah-v5", "--device", device]
     command += ["--learning-starts", str(starts), "--total-steps", str(total), "--eval-every", "0"]
     command += ["--eval-episodes", "1", "--log-every", str(max(total // 16, 16)), "--run-dir", str(run_dir)]
+    command += list(flags)
     start = time.perf_counter()
     with open(log, "w") as handle:
         code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode

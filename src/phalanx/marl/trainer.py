@@ -185,6 +185,7 @@ class MultiAgentTrainer(Trainer):
     """A :class:`~phalanx.train.trainer.Trainer` for the multi-agent algorithms of :mod:`phalanx.marl`."""
 
     algorithm: MultiAgentAlgorithm
+    compilable = False  # its worker, buffers and rules have no compiled path: compile: null stays eager
 
     def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
         self.env = make_multi_agent_env(

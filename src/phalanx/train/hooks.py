@@ -213,7 +213,7 @@ class CompileWhenItPays(Hook):
     policy: after the warm-up) for at least ``MEASURE_ITERATIONS`` iterations and ``MEASURE_SECONDS``, then
     compiles for the rest if :func:`~phalanx.compiling.compile_pays` says it pays, and says what it chose
     and why in the log and summary.json (``compile_decision``). Never in a learner group (the learners
-    would have to agree) nor a pipeline."""
+    would have to agree), a pipeline, or a run without compiled paths (multi-agent)."""
 
     MEASURE_ITERATIONS = 3
     MEASURE_SECONDS = 1.0
@@ -222,6 +222,7 @@ class CompileWhenItPays(Hook):
         config = trainer.config
         self.active = (
             config.compile is None
+            and trainer.compilable
             and compile_problem(trainer.device) is None
             and trainer.group is None
             and not config.pipeline

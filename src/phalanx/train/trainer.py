@@ -223,6 +223,9 @@ class Trainer:
         self.compile_decision: str | None = None  # compile: null's choice, once made (summary.json)
         self.hooks: list[Hook] = []  # those of the current train(): the user's, then the built-in ones
 
+    compilable = True
+    """Whether this kind of run has compiled paths (``compile: null`` may switch to them)."""
+
     def compile(self) -> list[str]:
         """Switch the training env's step, acting and the update to their compiled paths (torch compiles
         each at its first call); the names of what was compiled, once each. The envs of the evaluations
