@@ -194,11 +194,11 @@ def test_a_video_plays_the_preprocessed_frames_to_the_policy_and_draws_the_game(
     assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
     assert env.render().shape == (210, 160, 3)
     env.close()
-    if env_id.startswith("envpool:"):
-        pytest.importorskip("envpool", reason="the envpool extra is not installed")
+    if env_id.startswith("envpool:"):  # the same video env, from the same GymnasiumEpisode: no training
+        return
     config = phalanx.make_config(
         "ppo", env_id, use_preset=False, run_dir=str(tmp_path / "run"), num_envs=2, total_steps=64,
-        horizon=16, minibatch_size=32, epochs=1, eval_every=0, eval_episodes=1, video_every=32,
+        horizon=16, minibatch_size=32, epochs=1, eval_every=0, eval_episodes=1, video_every=64,
         video_format="gif",
     )  # fmt: skip
     result = phalanx.train(config, show_progress=False)

@@ -15,10 +15,10 @@ sys.path.insert(0, str(TESTS))
 from interrupt_checks import CASES  # noqa: E402
 
 
-# SIGTERM goes through the same handler as SIGINT: one algorithm of each kind of update is enough for it.
+# SIGTERM goes through the same handler as SIGINT: an on-policy and an off-policy update are enough for it.
 @pytest.mark.parametrize(
     ("stop", "algos"),
-    [("SIGINT", list(CASES)), ("SIGTERM", ["ppo", "dqn", "td3", "sac"])],
+    [("SIGINT", list(CASES)), ("SIGTERM", ["ppo", "sac"])],
     ids=["int", "term"],
 )
 def test_a_stop_signal_anywhere_in_an_update_saves_a_whole_state_that_resumes(tmp_path, stop, algos):

@@ -38,8 +38,16 @@ def test_learns_pendulum(tmp_path, algo):
 
 
 # CartPole-v1 to 475 (an untrained greedy policy scores about 10): the presets need 25-50k env steps
-# (~6-14 s).
-@pytest.mark.parametrize("algo", ["dqn", "double-dqn", "dueling-dqn", "d3qn"])
+# (~6-14 s). D3QN is double and dueling DQN at once, so those two alone run with -m slow.
+@pytest.mark.parametrize(
+    "algo",
+    [
+        "dqn",
+        pytest.param("double-dqn", marks=pytest.mark.slow),
+        pytest.param("dueling-dqn", marks=pytest.mark.slow),
+        "d3qn",
+    ],
+)
 def test_learns_cartpole(tmp_path, algo):
     summary = train(tmp_path, algo, "CartPole-v1", stop_return=475, total_steps=100_000)
     assert summary["best_eval_return"] >= 475, summary
