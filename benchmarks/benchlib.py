@@ -362,11 +362,14 @@ def run_phalanx(
     }
 
 
-def run_phalanx_config(settings: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def run_phalanx_config(
+    settings: dict[str, Any], run_dir: Path, environment: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``phalanx train ALGO ENV --config FILE`` (``settings``, with ``algo`` and ``env``, in FILE) in a fresh
-    process, as a user runs it, nothing imported or set before: the process's wall time (the user's wait:
-    imports, setup, compile, training, the final evaluation), the summary's figures (``wall_time_s``, the
-    training's, compile included) and the last training return in metrics.csv."""
+    process, as a user runs it, nothing imported or set before (``environment``: variables added to the
+    process's, such as torch's compile cache): the process's wall time (the user's wait: imports, setup,
+    compile, training, the final evaluation), the summary's figures (``wall_time_s``, the training's,
+    compile included) and the last training return in metrics.csv."""
     import csv
 
     import yaml
@@ -379,7 +382,9 @@ def run_phalanx_config(settings: dict[str, Any], run_dir: Path) -> dict[str, Any
     command += ["--config", str(config_file), "--run-dir", str(run_dir)]
     start = time.perf_counter()
     with open(log, "w") as handle:
-        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(environment or {})}
+        ).returncode
     process_s = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():

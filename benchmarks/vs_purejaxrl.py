@@ -13,7 +13,9 @@ What is measured, per run:
   train ppo CartPole-v1 --config FILE`` in a fresh process, as a user runs it (nothing imported or set
   before it), its summary's training wall time less its ``compile_time_s``.
 - compile s: PureJaxRL: ``jax.jit(make_train(config)).lower(rng).compile()``. phalanx compiled:
-  ``compile_time_s`` from its summary ("n/a" where it compiled nothing: then run s includes it).
+  ``compile_time_s`` from its summary ("n/a" where it compiled nothing: then run s includes it), taken
+  twice by ``compiled-cold`` (the default): a first run with torch's compile cache empty, as on a new
+  machine, then the same run again with the cache it filled ("compiled-cached"), as every later run.
 - process s: each process's whole wall time, what a user waits for (imports, start-up, compile, training,
   phalanx's final evaluation).
 - final return: the mean return of the episodes that ended in the last 10% of the updates (PureJaxRL:
@@ -186,11 +188,17 @@ def phalanx_settings(
     }
 
 
-def run_phalanx(spec: dict[str, Any], compile: bool, threads: int, run_dir: Path) -> dict[str, Any]:
+def run_phalanx(
+    spec: dict[str, Any], compile: bool, threads: int, run_dir: Path, cache: Path | None = None
+) -> dict[str, Any]:
     """``phalanx train ppo CartPole-v1 --config FILE`` with :func:`phalanx_settings` in a fresh process, as
     a user runs it: run s is the summary's training wall time less its compile time (compile s), and the
-    process's whole wall time is kept too (imports, setup, the final evaluation)."""
-    result = run_phalanx_config(phalanx_settings(**spec, compile=compile, threads=threads), run_dir)
+    process's whole wall time is kept too (imports, setup, the final evaluation). ``cache``: torch's compile
+    cache (TORCHINDUCTOR_CACHE_DIR) for the run, empty for a first run on a machine (cold), or the one an
+    earlier run filled (cached); None: torch's default, whatever earlier runs left there."""
+    environment = {"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache is not None else None
+    settings = phalanx_settings(**spec, compile=compile, threads=threads)
+    result = run_phalanx_config(settings, run_dir, environment)
     if "error" in result:
         return result
     compile_s = result["compile_time_s"] or None
@@ -311,7 +319,12 @@ def main() -> None:
     )
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument(
-        "--phalanx-modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"]
+        "--phalanx-modes",
+        nargs="+",
+        choices=["eager", "compiled", "compiled-cold"],
+        default=["eager", "compiled-cold"],
+        help="compiled: with torch's default compile cache as earlier runs left it; compiled-cold: a first "
+        "run with an empty cache, then the same run again with the cache it filled (cached)",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="threads of every library (0: its default)")
@@ -381,7 +394,13 @@ def main() -> None:
                 for threads in args.phalanx_threads or [args.threads]:
                     label = f"phalanx {mode}" + (f", {threads} threads" if args.phalanx_threads else "")
                     run_dir = logs / f"phalanx-{mode}-{threads}-{name}"
-                    runs[label] = run_phalanx(spec, mode == "compiled", threads, run_dir)
+                    if mode != "compiled-cold":
+                        runs[label] = run_phalanx(spec, mode == "compiled", threads, run_dir)
+                        continue
+                    cache = logs / f"torch-cache-{threads}-{name}"  # made empty by the first run
+                    runs[label] = run_phalanx(spec, True, threads, run_dir, cache)
+                    cached = label.replace("compiled-cold", "compiled-cached")
+                    runs[cached] = run_phalanx(spec, True, threads, Path(f"{run_dir}-cached"), cache)
         for label, result in runs.items():
             print(f"  {label}: {result}", flush=True)
         if runs:

@@ -4,6 +4,7 @@ a compiled PPO run against the eager reference (close parameters, exact resume w
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -99,6 +100,36 @@ def test_the_first_call_of_a_compiled_function_is_timed(monkeypatch):
     first = compiling.compile_seconds()
     assert function(4) == 8 and compiling.compile_seconds() == first
     assert len(calls) == 2
+
+
+def test_cpu_graphs_get_a_cpp_wrapper_and_their_first_call_waits_for_the_warm_up(monkeypatch):
+    """On a CPU each graph is compiled with inductor's C++ wrapper (a CUDA tensor would get torch's
+    default), and the first call waits for the compiler's warm-up thread instead of probing again."""
+    options = []
+
+    def record(function, **kwargs):
+        options.append(kwargs.get("options"))
+        return function
+
+    monkeypatch.setattr(compiling.torch, "compile", record)
+    warm_up = threading.Thread(target=time.sleep, args=(0.3,))
+    monkeypatch.setattr(compiling, "_warm_up", warm_up)
+    warm_up.start()
+    add_one = compiled(lambda x: x + 1)
+    assert add_one(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert not warm_up.is_alive() and options == [{"cpp_wrapper": True}]
+
+
+def test_the_warm_up_starts_once_per_process_and_only_for_a_cpu(monkeypatch):
+    monkeypatch.setattr(compiling, "_warm_up", None)
+    compiling.warm_up(torch.device("cuda"))  # nothing to probe on CUDA (no GPU needed to say so)
+    assert compiling._warm_up is None
+    compiling.warm_up(CPU)
+    thread = compiling._warm_up
+    assert thread is not None and thread.name == "phalanx-compile-warm-up"
+    compiling.warm_up(CPU)
+    assert compiling._warm_up is thread
+    thread.join(timeout=120)  # the probe itself: torch's, or nothing where torch's API moved
 
 
 # -- a compiled PPO run against the eager reference ---------------------------------------------------

@@ -20,6 +20,7 @@ import functools
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,14 +60,39 @@ def compile_problem(device: torch.device) -> str | None:
 
 def should_compile(requested: bool | None, device: torch.device) -> bool:
     """Resolve ``TrainConfig.compile`` at the start of a run: True and False as asked (True raises a
-    ConfigError with the fix where compiling is impossible); None: eager at the start (the run decides
-    later whether compiling pays, :func:`compile_pays`)."""
+    ConfigError with the fix where compiling is impossible; True starts :func:`warm_up`); None: eager at
+    the start (the run decides later whether compiling pays, :func:`compile_pays`)."""
     problem = compile_problem(device)
-    if requested is None:
-        return False
     if requested and problem is not None:
         raise ConfigError(f"compile = True, but {problem}; or run eagerly with --no-compile.")
+    if requested:
+        warm_up(device)
     return bool(requested)
+
+
+_warm_up: threading.Thread | None = None
+
+
+def warm_up(device: torch.device) -> None:
+    """Start, in a background thread, what the first CPU compile of this process would otherwise wait for:
+    inductor's probe of the vector instruction sets the C++ compiler can build and load (one build and one
+    child process each: ~2 s with torch's on-disk cache, ~7 s in a fresh one, measured in BENCHMARKS.md).
+    The run builds its envs and networks (``compile: null``: trains its first iterations) meanwhile; the first
+    compiled call waits for the thread, so nothing is probed twice. Once per process; CUDA needs none."""
+    global _warm_up
+    if device.type != "cpu" or _warm_up is not None:
+        return
+
+    def probe() -> None:
+        try:
+            from torch._inductor.cpu_vec_isa import valid_vec_isa_list  # cached for the process
+
+            valid_vec_isa_list()
+        except Exception:  # a private torch API: if it moved or failed, the compile probes for itself
+            pass
+
+    _warm_up = threading.Thread(target=probe, name="phalanx-compile-warm-up", daemon=True)
+    _warm_up.start()
 
 
 COMPILE_ECONOMICS = {"cpu": (30.0, 1.3), "cuda": (10.0, 2.0)}
@@ -92,23 +118,31 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
     """``function`` compiled as one graph (``fullgraph``: a graph break is a bug to fix, not a silent
     slow path), specialised to the shapes it is called with (``dynamic``: whether sizes may vary
     without a recompilation). It keeps ``function``'s name and docstring, and its first call, where
-    torch compiles it, is timed into :func:`compile_seconds`."""
+    torch compiles it, is timed into :func:`compile_seconds`.
+
+    On a CPU the graph's wrapper, which calls its kernels, is C++ as well (inductor's ``cpp_wrapper``):
+    for the small graphs of a few envs it is most of the time left (PPO at 4 envs x 128 steps runs 1.24x
+    faster with it, at 1,024 x 32 the same; the compile takes as long; BENCHMARKS.md)."""
     _make_room_for_graphs()
-    graph = torch.compile(function, fullgraph=True, dynamic=dynamic)
-    first = True
+    graph: Callable[..., Any] | None = None
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        global _compile_seconds
-        nonlocal first
-        if not first:
+        nonlocal graph
+        if graph is not None:
             return graph(*args, **kwargs)
+        tensors = [leaf for leaf in torch.utils._pytree.tree_leaves(args) if isinstance(leaf, torch.Tensor)]
+        on_cpu = not tensors or tensors[0].device.type == "cpu"
+        options = {"cpp_wrapper": True} if on_cpu else None
+        graph = torch.compile(function, fullgraph=True, dynamic=dynamic, options=options)
         start = time.perf_counter()
+        if _warm_up is not None:
+            _warm_up.join()
         try:
             return graph(*args, **kwargs)
         finally:
+            global _compile_seconds
             _compile_seconds += time.perf_counter() - start
-            first = False
 
     return call  # type: ignore[return-value]
 
