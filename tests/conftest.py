@@ -1,6 +1,7 @@
 """Shared test settings."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -9,6 +10,13 @@ import torch
 # small batched steps can run tens of times slower; tests measure behaviour, not speed.
 torch.set_num_threads(1)
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# A suite started in the background of a non-interactive shell (`make test &`, `nohup make test &` in a
+# script) inherits SIGINT ignored, and every run it starts would too (ignoring is inherited across exec):
+# the tests that press Ctrl+C on a run would then test nothing. Give the suite a terminal's default; the
+# tests of an inherited-ignored SIGINT set it up themselves.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

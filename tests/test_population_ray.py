@@ -211,9 +211,9 @@ class KillMidRun(RayBackend):
         before = max(steps(), default=0)
         while reference in self.pending:  # else the interval ended first
             middle = [s for s in steps() if before < s < task.target]
-            if middle:
-                self.ray.kill(actor)
+            if middle:  # marked before the kill: the restarted task's submit must not watch it again
                 self.killed_after = max(middle)
+                self.ray.kill(actor)
                 return
             time.sleep(0.002)
 
