@@ -1,5 +1,6 @@
 """Shared test settings."""
 
+import contextlib
 import os
 import signal
 
@@ -17,6 +18,35 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # tests of an inherited-ignored SIGINT set it up themselves.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process whose chain of parents reaches ``root`` (Linux /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that fails while a run it started is still going (a stop signal that did not land) leaves
+    that process training after the suite; end every process the suite started and left behind."""
+    if not os.path.isdir("/proc"):
+        return
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import descendants
 from fault_envs import FaultyEnv, OldApiEnv, different_spaces
 
 from phalanx import make_config, train
@@ -40,25 +40,6 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)
     return [pid for pid in pids if alive(pid)]
-
-
-def descendants(root: int) -> list[int]:
-    """Every process whose chain of parents reaches ``root`` (Linux /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                pass
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent]
-        found += children
-        frontier += children
-    return found
 
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
