@@ -128,6 +128,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
+        global _compile_seconds
         nonlocal graph
         if graph is not None:
             return graph(*args, **kwargs)
@@ -141,7 +142,6 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
         try:
             return graph(*args, **kwargs)
         finally:
-            global _compile_seconds
             _compile_seconds += time.perf_counter() - start
 
     return call  # type: ignore[return-value]
