@@ -259,3 +259,20 @@ def test_compile_null_times_the_run_and_compiles_only_where_it_pays(tmp_path, mo
     assert "s to compile on cpu" in summary["compile_decision"]
     assert calls == ([512] if compiles else [])  # after the warm-up iteration and 3 timed ones
     assert summary["compiled"] == (["(recorded)"] if compiles else [])
+
+
+def test_a_process_ending_with_os_exit_stops_the_compile_workers_torch_started(monkeypatch):
+    """Learners end with os._exit, which skips torch's atexit shutdown of its compile-worker pool (whose
+    semaphores multiprocessing then reports as leaked): stop_compile_workers shuts it down, and imports
+    nothing where torch's compiler never ran."""
+    import sys
+    import types
+
+    stopped = []
+    fake = types.SimpleNamespace(shutdown_compile_workers=lambda: stopped.append(True))
+    monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", fake)
+    compiling.stop_compile_workers()
+    assert stopped == [True]
+    monkeypatch.delitem(sys.modules, "torch._inductor.async_compile")
+    compiling.stop_compile_workers()
+    assert stopped == [True] and "torch._inductor.async_compile" not in sys.modules

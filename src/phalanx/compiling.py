@@ -16,10 +16,12 @@ saves on this kind of device, is more than a compile costs there (:data:`COMPILE
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +113,17 @@ def _finish_warm_up() -> None:
     closes, and the run hangs (seen once in ~20 compiled runs)."""
     if _warm_up is not None and _warm_up is not threading.current_thread():
         _warm_up.join()
+
+
+def stop_compile_workers() -> None:
+    """End the pool of compile-worker processes torch's compiler started in this process, if it did
+    (importing nothing). torch ends it at exit; a process that ends with ``os._exit`` (a learner) calls
+    this first, else the pool's semaphores are left to multiprocessing's resource tracker, which warns
+    about them when the run ends."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        with contextlib.suppress(Exception):  # a private torch API: if it moved, the warning is all
+            async_compile.shutdown_compile_workers()
 
 
 COMPILE_ECONOMICS = {"cpu": (30.0, 1.3), "cuda": (10.0, 2.0)}

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.compiling import stop_compile_workers
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.train.interrupts import (
     deferred_interrupts,
@@ -327,6 +328,7 @@ def _learner_process(
 def _exit(messages: Any, code: int) -> None:
     """Flush the reports, then end the process without the interpreter's teardown, where the threads
     of torch.distributed's backends can abort the process (and turn a finished run into a failure)."""
+    stop_compile_workers()
     messages.close()
     messages.join_thread()
     sys.stdout.flush()
