@@ -103,16 +103,18 @@ def warm_up(device: torch.device) -> None:
 
     _warm_up = threading.Thread(target=probe, name="phalanx-compile-warm-up", daemon=True)
     _warm_up.start()
-    os.register_at_fork(before=_finish_warm_up)
 
 
 def _finish_warm_up() -> None:
-    """Wait for the warm-up thread: called before every ``os.fork`` of this process (a ``fork`` process
-    pool, the evaluation process). The probe runs the C++ compiler through ``subprocess``, and a child
-    forked meanwhile inherits the pipe on which ``subprocess`` waits for its compiler to start: it never
-    closes, and the run hangs (seen once in ~20 compiled runs)."""
+    """Wait for the warm-up thread, if one runs: before the first compile, and before every ``os.fork`` of
+    this process (a ``fork`` process pool, the evaluation process). The probe runs the C++ compiler through
+    ``subprocess``, and a child forked meanwhile inherits the pipe on which ``subprocess`` waits for its
+    compiler to start: it never closes, and the run hangs (seen once in ~20 compiled runs)."""
     if _warm_up is not None and _warm_up is not threading.current_thread():
         _warm_up.join()
+
+
+os.register_at_fork(before=_finish_warm_up)
 
 
 def stop_compile_workers() -> None:
@@ -176,8 +178,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
         options = CPU_OPTIONS if on_cpu else None
         graph = torch.compile(function, fullgraph=True, dynamic=dynamic, options=options)
         start = time.perf_counter()
-        if _warm_up is not None:
-            _warm_up.join()
+        _finish_warm_up()
         try:
             return graph(*args, **kwargs)
         finally:
