@@ -4,7 +4,6 @@ a compiled PPO run against the eager reference (close parameters, exact resume w
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -103,9 +102,10 @@ def test_the_first_call_of_a_compiled_function_is_timed(monkeypatch):
     assert len(calls) == 2
 
 
-def test_cpu_graphs_get_a_cpp_wrapper_and_their_first_call_waits_for_the_warm_up(monkeypatch):
+def test_cpu_graphs_get_a_cpp_wrapper_and_starting_a_compiled_run_starts_no_thread(monkeypatch):
     """On a CPU each graph is compiled with inductor's C++ wrapper (a CUDA tensor would get torch's
-    default), and the first call waits for the compiler's warm-up thread instead of probing again."""
+    default). Resolving compile = True starts nothing in the background: a thread of the compiler alive
+    when the run forks its evaluation process hung runs (its subprocess pipes, then filelock's fork gate)."""
     options = []
 
     def record(function, **kwargs):
@@ -113,13 +113,13 @@ def test_cpu_graphs_get_a_cpp_wrapper_and_their_first_call_waits_for_the_warm_up
         return function
 
     monkeypatch.setattr(compiling.torch, "compile", record)
-    warm_up = threading.Thread(target=time.sleep, args=(0.3,))
-    monkeypatch.setattr(compiling, "_warm_up", warm_up)
-    warm_up.start()
+    monkeypatch.setattr(compiling, "compile_problem", lambda device: None)  # a machine without g++ too
+    threads = set(threading.enumerate())
+    assert compiling.should_compile(True, CPU) is True
+    assert set(threading.enumerate()) == threads
     add_one = compiled(lambda x: x + 1)
     assert add_one(torch.zeros(2)).tolist() == [1.0, 1.0]
-    assert not warm_up.is_alive() and options == [compiling.CPU_OPTIONS]
-    assert options[0]["cpp_wrapper"] is True
+    assert options == [compiling.CPU_OPTIONS] and options[0]["cpp_wrapper"] is True
 
 
 @needs_compiler
@@ -140,39 +140,6 @@ def test_tanh_compiled_for_a_cpu_is_tanh_within_2e_7():
     gradient = compiled(torch.func.grad(lambda inputs: (torch.tanh(inputs) * weights).sum()))(points)
     expected = weights * (1 - torch.tanh(points.double()) ** 2)
     torch.testing.assert_close(gradient.double(), expected, atol=5e-7, rtol=0)
-
-
-def test_a_fork_waits_for_the_warm_up_whose_compiler_pipes_it_would_inherit(monkeypatch):
-    """A process forked while the warm-up thread runs the C++ compiler would inherit the pipe subprocess
-    waits on, and the run would hang (an evaluation process did): os.fork first waits for the probe."""
-    import torch._inductor.cpu_vec_isa as cpu_vec_isa
-
-    probed = threading.Event()
-
-    def slow_probe():
-        time.sleep(0.5)
-        probed.set()
-
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", slow_probe)
-    monkeypatch.setattr(compiling, "_warm_up", None)
-    compiling.warm_up(CPU)
-    pid = os.fork()
-    if pid == 0:  # the child: exit 0 only if the probe had finished before the fork
-        os._exit(0 if probed.is_set() else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-def test_the_warm_up_starts_once_per_process_and_only_for_a_cpu(monkeypatch):
-    monkeypatch.setattr(compiling, "_warm_up", None)
-    compiling.warm_up(torch.device("cuda"))  # nothing to probe on CUDA (no GPU needed to say so)
-    assert compiling._warm_up is None
-    compiling.warm_up(CPU)
-    thread = compiling._warm_up
-    assert thread is not None and thread.name == "phalanx-compile-warm-up"
-    compiling.warm_up(CPU)
-    assert compiling._warm_up is thread
-    thread.join(timeout=120)  # the probe itself: torch's, or nothing where torch's API moved
 
 
 # -- a compiled PPO run against the eager reference ---------------------------------------------------

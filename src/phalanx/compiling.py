@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -62,59 +61,16 @@ def compile_problem(device: torch.device) -> str | None:
 
 def should_compile(requested: bool | None, device: torch.device) -> bool:
     """Resolve ``TrainConfig.compile`` at the start of a run: True and False as asked (True raises a
-    ConfigError with the fix where compiling is impossible; True starts :func:`warm_up`); None: eager at
-    the start (the run decides later whether compiling pays, :func:`compile_pays`)."""
+    ConfigError with the fix where compiling is impossible); None: eager at the start (the run decides
+    later whether compiling pays, :func:`compile_pays`).
+
+    Nothing of the compiler starts here: the first compile probes the vector instructions itself. A
+    thread that probed them while the run set up hung runs twice, its compiler's pipes and then filelock's
+    fork gate meeting the fork of the evaluation process, and hid little (BENCHMARKS.md, issue 35)."""
     problem = compile_problem(device)
     if requested and problem is not None:
         raise ConfigError(f"compile = True, but {problem}; or run eagerly with --no-compile.")
-    if requested:
-        warm_up(device)
     return bool(requested)
-
-
-_warm_up: threading.Thread | None = None
-
-
-def warm_up(device: torch.device) -> None:
-    """Start, in a background thread, what the first CPU compile of this process would otherwise wait for:
-    inductor's probe of the vector instruction sets the C++ compiler can build and load (one build and one
-    child process each: ~2 s with torch's on-disk cache, ~7 s in a fresh one, measured in BENCHMARKS.md).
-    The run builds its envs and networks (``compile: null``: trains its first iterations) meanwhile; the first
-    compiled call waits for the thread, so nothing is probed twice. Once per process; CUDA needs none."""
-    global _warm_up
-    if device.type != "cpu" or _warm_up is not None:
-        return
-    try:
-        # The modules the probe and the compile use are imported here, in the caller's thread: torch's
-        # compiler modules import each other in a cycle, and a second thread importing them while the run
-        # imports torch._dynamo (building an optimiser does) gets a half-initialised module (ImportError).
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.codecache  # noqa: F401
-        import torch.utils.cpp_extension  # noqa: F401
-        from torch._inductor.cpu_vec_isa import valid_vec_isa_list  # cached for the process
-    except Exception:  # a private torch API: if it moved or failed, the compile probes for itself
-        return
-
-    def probe() -> None:
-        try:
-            valid_vec_isa_list()
-        except Exception:  # as above
-            pass
-
-    _warm_up = threading.Thread(target=probe, name="phalanx-compile-warm-up", daemon=True)
-    _warm_up.start()
-
-
-def _finish_warm_up() -> None:
-    """Wait for the warm-up thread, if one runs: before the first compile, and before every ``os.fork`` of
-    this process (a ``fork`` process pool, the evaluation process). The probe runs the C++ compiler through
-    ``subprocess``, and a child forked meanwhile inherits the pipe on which ``subprocess`` waits for its
-    compiler to start: it never closes, and the run hangs (seen once in ~20 compiled runs)."""
-    if _warm_up is not None and _warm_up is not threading.current_thread():
-        _warm_up.join()
-
-
-os.register_at_fork(before=_finish_warm_up)
 
 
 def stop_compile_workers() -> None:
@@ -178,7 +134,6 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
         options = CPU_OPTIONS if on_cpu else None
         graph = torch.compile(function, fullgraph=True, dynamic=dynamic, options=options)
         start = time.perf_counter()
-        _finish_warm_up()
         try:
             return graph(*args, **kwargs)
         finally:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from phalanx.compiling import compile_pays, compile_problem, warm_up
+from phalanx.compiling import compile_pays, compile_problem
 from phalanx.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -241,8 +241,6 @@ class CompileWhenItPays(Hook):
         began, steps, iterations = self.start
         seconds, timed = now - began, trainer.steps - steps
         left = max(trainer.config.total_steps - trainer.steps, 0) * seconds / max(timed, 1)
-        if self.iterations - iterations == 1 and compile_pays(trainer.device, left)[0]:
-            warm_up(trainer.device)  # likely to compile: the compiler's probes start while it measures on
         if self.iterations - iterations < self.MEASURE_ITERATIONS or seconds < self.MEASURE_SECONDS:
             return
         self.active = False
