@@ -14,8 +14,9 @@ What is measured, per run:
   before it), its summary's training wall time less its ``compile_time_s``.
 - compile s: PureJaxRL: ``jax.jit(make_train(config)).lower(rng).compile()``. phalanx compiled:
   ``compile_time_s`` from its summary ("n/a" where it compiled nothing: then run s includes it), taken
-  twice by ``compiled-cold`` (the default): a first run with torch's compile cache empty, as on a new
-  machine, then the same run again with the cache it filled ("compiled-cached"), as every later run.
+  twice by ``compiled-cold`` (the default): a first run with torch's compile caches empty (its
+  TORCHINDUCTOR_CACHE_DIR and its precompiled header), as on a new machine, then the same run again
+  with the caches it filled ("compiled-cached"), as every later run.
 - process s: each process's whole wall time, what a user waits for (imports, start-up, compile, training,
   phalanx's final evaluation).
 - final return: the mean return of the episodes that ended in the last 10% of the updates (PureJaxRL:
@@ -194,9 +195,14 @@ def run_phalanx(
     """``phalanx train ppo CartPole-v1 --config FILE`` with :func:`phalanx_settings` in a fresh process, as
     a user runs it: run s is the summary's training wall time less its compile time (compile s), and the
     process's whole wall time is kept too (imports, setup, the final evaluation). ``cache``: torch's compile
-    cache (TORCHINDUCTOR_CACHE_DIR) for the run, empty for a first run on a machine (cold), or the one an
-    earlier run filled (cached); None: torch's default, whatever earlier runs left there."""
-    environment = {"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache is not None else None
+    caches for the run, empty for a first run on a machine (cold), or the ones an earlier run filled
+    (cached); None: torch's defaults, whatever earlier runs left there. Two caches: TORCHINDUCTOR_CACHE_DIR
+    (graphs, kernels, the probes of the vector instructions) and the precompiled C++ header of graph
+    wrappers (~5 s to build), which inductor keeps in the temporary directory whatever the first says."""
+    environment = None
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        environment = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TMPDIR": str(cache)}
     settings = phalanx_settings(**spec, compile=compile, threads=threads)
     result = run_phalanx_config(settings, run_dir, environment)
     if "error" in result:
