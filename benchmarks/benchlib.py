@@ -358,6 +358,8 @@ def run_phalanx(
         "eval_every": config.get("eval_every"),
         "num_envs": summary["num_envs"],
         "last_eval_return": summary["eval_return_mean"],
+        "compile_time_s": summary.get("compile_time_s"),
+        "compile_decision": summary.get("compile_decision"),  # compile: null, what the run chose and why
         "command": " ".join(command[3:]),
     }
 
@@ -398,6 +400,7 @@ def run_phalanx_config(
         "process_s": process_s,
         "wall_time_s": summary["wall_time_s"],
         "compile_time_s": summary.get("compile_time_s"),
+        "compile_decision": summary.get("compile_decision"),
         "steps": summary["total_steps"],
         "steps_per_second": summary["steps_per_second"],
         "final_return": float(returns[-1]) if returns else None,

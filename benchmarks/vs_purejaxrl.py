@@ -154,7 +154,7 @@ def child_purejaxrl(num_envs: int, num_steps: int, total_steps: int, seed: int) 
 
 # -- phalanx: in a process started with --child phalanx (eager or compiled) ------------------------------
 def phalanx_settings(
-    num_envs: int, num_steps: int, total_steps: int, seed: int, compile: bool, threads: int
+    num_envs: int, num_steps: int, total_steps: int, seed: int, compile: bool | None, threads: int
 ) -> dict[str, Any]:
     """phalanx's config (a ``--config`` file's contents) for the peers' PPO: the same hyperparameters and
     env steps, one evaluation at the end, metrics logged over the last 10% of the updates."""
