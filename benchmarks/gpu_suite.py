@@ -106,9 +106,9 @@ PARTS = (
 # backend, which the lent machine's image may lack (jax's CUDA wheels exceed what a call can carry).
 OPTIONAL_PARTS = ("playground",)
 MODES = ("eager", "compiled", "default")
-# What each mode sets ``TrainConfig.compile`` to: "default" is what a user gets without the flag (null: the run
-# starts eagerly and compiles if it pays, ``compiling.compile_pays``). The in-process parts (env throughput,
-# PPO at 4,096 and 65,536 envs) take eager and compiled only.
+# What each mode sets ``TrainConfig.compile`` to: "default" is what a user gets without the flag (null: the
+# run starts eagerly and compiles if it pays, ``compiling.compile_pays``). The in-process parts (env
+# throughput, PPO at 4,096 and 65,536 envs) take eager and compiled only.
 COMPILE_SETTING = {"eager": False, "compiled": True, "default": None}
 # Seconds each part may take at most, from what each took on an H200 (2026-11-28); the suite's default
 # budget of 480 s cuts the last, so that the CUDA tests (90 s) and the suite fit one 10-minute command.
