@@ -102,11 +102,17 @@ def test_cuda_run_resumes_exactly(tmp_path):
     assert not differ, f"resumed CUDA run differs from the straight one in {differ[:5]}"
 
 
-def test_ppo_rollout_and_update_do_not_copy_to_the_host(tmp_path):
-    """The hot loop (collection and the update, between logging steps) never synchronises with the host:
-    torch's sync debug mode turns each ``.item()``, ``.cpu()`` or data-dependent shape into a warning."""
+def test_ppo_rollout_and_update_do_not_copy_to_the_host(tmp_path, monkeypatch):
+    """The hot loop (collection and the update, between logging steps) synchronises with the host once
+    per rollout, where the NaN guard reads its record at the rollout's last step (so a NaN is raised
+    before the update learns from it), and nowhere else: torch's sync debug mode turns each ``.item()``,
+    ``.cpu()`` or data-dependent shape into a warning."""
+    from phalanx.envs.wrappers import NanGuard
     from phalanx.train.trainer import Trainer
 
+    reads = []
+    check = NanGuard.check
+    monkeypatch.setattr(NanGuard, "check", lambda guard: (reads.append(guard.num_steps), check(guard)))
     config = short_config(
         tmp_path, "ppo", num_envs=256, total_steps=256 * 16 * 4, log_every=10**9, eval_every=0
     )
@@ -115,6 +121,7 @@ def test_ppo_rollout_and_update_do_not_copy_to_the_host(tmp_path):
         trainer.worker.collect(trainer.buffer)  # the first rollout and update allocate, untimed
         trainer.learner.update(0.5)
         torch.cuda.synchronize()
+        reads.clear()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -126,8 +133,17 @@ def test_ppo_rollout_and_update_do_not_copy_to_the_host(tmp_path):
                 torch.cuda.set_sync_debug_mode("default")
     finally:
         trainer.close()
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert not syncs, f"{len(syncs)} host synchronisations in 3 iterations, first: {syncs[:2]}"
+    syncs = [
+        str(w.message)
+        for w in caught
+        if "synchronizing CUDA operation" in str(w.message)  # not the mode's "prototype" notice
+    ]
+    assert reads == [32, 48, 64], (
+        f"the NaN guard read its record at steps {reads}, expected each rollout's end"
+    )
+    assert len(syncs) == len(reads), (
+        f"{len(syncs)} host synchronisations in 3 iterations, expected 3: {syncs[:2]}"
+    )
 
 
 def test_vectorized_population_trains_on_cuda():

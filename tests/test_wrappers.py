@@ -347,3 +347,21 @@ def test_wrapper_parameters_are_validated():
         NormalizeObservation(Drift(), clip=-1.0)
     with pytest.raises(ConfigError, match="wraps a phalanx VecEnv"):
         NormalizeObservation(gym.make("CartPole-v1"))
+
+
+@pytest.mark.parametrize("algo, every", [("ppo", 7), ("sac", 1)])
+def test_training_nan_guard_reads_once_per_rollout_on_policy_and_every_step_off_policy(algo, every):
+    """On an accelerator each read of the guard's record is a host synchronisation: once per PPO rollout
+    (at its last step, before the update), every step off-policy (the next update may sample it)."""
+    from phalanx.config import TrainConfig
+    from phalanx.train.environments import build_env
+
+    hyperparameters = {"horizon": 7} if algo == "ppo" else {}
+    config = TrainConfig.from_dict(
+        {"algo": algo, "env": "Pendulum-v1", "num_envs": 2, "hyperparameters": hyperparameters}
+    )
+    env = build_env(config, 2, training=True)
+    try:
+        assert find_wrapper(env, NanGuard).check_every == every
+    finally:
+        env.close()

@@ -34,6 +34,7 @@ from phalanx.envs.wrappers import (
 )
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import is_image_space
+from phalanx.registry import get_algorithm
 
 EVAL_SEED_OFFSET = 1_000_003
 """A run seeded ``s`` evaluates on envs seeded ``s + EVAL_SEED_OFFSET`` (apart from its training envs)."""
@@ -87,6 +88,14 @@ def build_env(
     return ConcatVecEnv([first, second])
 
 
+def nan_check_every(config: TrainConfig) -> int:
+    """Env steps between the training NaN guard's reads of its record on an accelerator (each read is a
+    host synchronisation; on a CPU every step is checked as it happens): once per rollout on-policy, at
+    its last step, so a NaN is raised before the update learns from it; every step off-policy, where the
+    next update may already sample the new transitions."""
+    return config.hyperparameters.horizon if get_algorithm(config.algo).on_policy else 1
+
+
 def wrap_env(
     env: VecEnv,
     config: TrainConfig,
@@ -96,7 +105,7 @@ def wrap_env(
     blocks: int = 1,
 ) -> VecEnv:
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
-        env = NanGuard(env)
+        env = NanGuard(env, check_every=nan_check_every(config))
     if needs_action_map(env.single_action_space):  # a Box, or integer actions that start away from 0
         env = RescaleAction(env)
     if config.normalize_obs:
