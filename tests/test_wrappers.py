@@ -294,8 +294,49 @@ def test_nan_guard_deferred_check_reports_the_first_offence():
     env.reset(seed=0)
     for _ in range(3):
         env.step(torch.zeros(4, 1))  # the NaN appears at step 2 but is only read back at step 4
-    with pytest.raises(ContractError, match=r"sub-env index 3, step 2 "):
+    with pytest.raises(ContractError, match=r"non-finite obs in step\(\) at step 2 .* got a NaN or an inf"):
         env.step(torch.zeros(4, 1))
+
+
+def test_nan_guard_traced_step_locates_the_sub_env_and_keeps_the_first_offence():
+    """step_with_noise (what a compiled step traces) locates the sub-env and value; an eager step's later
+    offence does not overwrite the first one."""
+    env = NanGuard(NanAtStep(row=3, at=2), check_every=100)
+    env._sync_each_step = False
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step_with_noise(torch.zeros(4, 1), env.step_noise())
+    env.step(torch.full((4, 1), float("inf")))  # a later offence, in another array
+    with pytest.raises(ContractError, match=r"non-finite obs .* sub-env index 3, step 2 .* got nan"):
+        env.check()
+
+
+def test_nan_guard_eager_accelerator_step_costs_few_kernels():
+    """On an accelerator every eager kernel is a launch: the guard's record of a step stays a few
+    kernels per array (locating the sub-env and value cost ~30 per array, half of PPO's eager step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    def kernels_per_step(env: VecEnv) -> float:
+        env.reset(seed=0)
+        env.step(torch.zeros(4, 1))
+        Count.calls = 0
+        with Count():
+            for _ in range(10):
+                env.step(torch.zeros(4, 1))
+        return Count.calls / 10
+
+    guard = NanGuard(Drift(num_envs=4, max_episode_steps=5), check_every=10**6)
+    guard._sync_each_step = False
+    added = kernels_per_step(guard) - kernels_per_step(Drift(num_envs=4, max_episode_steps=5))
+    # 26 now (four arrays: three kernels each for the flag, then one record); locating took 121
+    assert 0 < added <= 32, f"the NaN guard adds {added} kernels per eager step, expected <= 32"
 
 
 # -- base class and state ---------------------------------------------------------------------------

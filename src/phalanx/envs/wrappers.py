@@ -22,6 +22,7 @@ undiscounted statistics of the innermost env's own rewards.
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -568,11 +569,13 @@ class NanGuard(VecEnvWrapper):
     """Raise a :class:`ContractError` at the first NaN or inf in actions, obs, reward or final_obs.
 
     On CPU every step is checked as it happens. On an accelerator a host synchronisation per step
-    would stall the pipeline, so the first offence (step, array, sub-env index, value) is recorded on
-    the device without synchronising and read back every ``check_every`` steps (and by :meth:`check`).
-    The actions are checked before the env sees them. :meth:`step_with_noise` (traced into a compiled
-    graph) always records on the device: whoever steps through it calls :meth:`check` afterwards (a
-    compiled ``step`` does so every ``check_every`` steps).
+    would stall the pipeline, so the first offence is recorded on the device without synchronising and
+    read back every ``check_every`` steps (and by :meth:`check`). The actions are checked before the env
+    sees them. :meth:`step_with_noise` (traced into a compiled graph) always records on the device, with
+    the offence's step, array, sub-env index and value: whoever steps through it calls :meth:`check`
+    afterwards (a compiled ``step`` does so every ``check_every`` steps). An eager step on an accelerator
+    records the step and the array only: locating the sub-env and value took ~20 kernel launches per
+    array and step, half of an eager PPO step's launches on a GPU; a CPU or compiled run locates them.
     """
 
     def __init__(self, env: VecEnv, check_every: int = 1) -> None:
@@ -586,6 +589,10 @@ class NanGuard(VecEnvWrapper):
         self._record = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=self.device)
         self._step = torch.zeros((), dtype=torch.float64, device=self.device)
         self._codes = torch.arange(len(_NAN_ARRAYS), dtype=torch.float64, device=self.device)
+        self._clean = torch.ones((), dtype=torch.bool, device=self.device)  # nothing recorded yet
+        self._unlocated = torch.tensor([-1.0, math.nan], dtype=torch.float64, device=self.device)
+        self._flags: list[tuple[Tensor, int]] = []  # eager, on an accelerator: this step's (flag, code)
+        self._code_lists: dict[tuple[int, ...], Tensor] = {}
 
     @staticmethod
     def _locate(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -602,10 +609,10 @@ class NanGuard(VecEnvWrapper):
 
     def _scan(self, x: Any, code: int) -> None:
         """Check ``x`` (array ``code``): at once on CPU, recorded on the device elsewhere."""
-        if not self._sync_each_step:
-            self._record_first(x, code)
-            return
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+            return
+        if not self._sync_each_step:  # NaN iff x holds a NaN or an inf: two kernels, no host sync
+            self._flags.append(((x * 0).sum().isnan(), code))
             return
         # numpy's check of a small CPU array costs a third of torch's (two ops and a sync), on every
         # step of every array
@@ -620,6 +627,22 @@ class NanGuard(VecEnvWrapper):
         self._record = torch.tensor([float(self.num_steps), float(code), float(index), float(value)])
         self.check()
 
+    def _record_flags(self) -> None:
+        """Record the step and the first array whose flag (:meth:`_scan`) is set, if none was recorded
+        yet; the sub-env index and value stay unknown (-1, NaN). A few kernels a step, no host sync."""
+        if not self._flags:
+            return
+        flags, codes = zip(*self._flags, strict=True)
+        self._flags = []
+        bad = torch.stack(flags)
+        if codes not in self._code_lists:  # on the device once per layout (a list index would copy)
+            self._code_lists[codes] = self._codes[list(codes)]
+        code = self._code_lists[codes][bad.to(torch.uint8).argmax()]  # the first flagged array
+        first = bad.any() & self._clean
+        candidate = torch.cat([self._step.reshape(1), code.reshape(1), self._unlocated])
+        self._record = torch.where(first, candidate, self._record)
+        self._clean = self._clean & ~first
+
     def _record_first(self, x: Any, code: int) -> None:
         """Record the first non-finite value of ``x`` (array ``code``) on the device if none was yet:
         tensor operations only, no host synchronisation."""
@@ -629,7 +652,9 @@ class NanGuard(VecEnvWrapper):
         candidate = torch.stack(
             [self._step, self._codes[code], index.to(torch.float64), value.to(torch.float64)]
         )
-        self._record = torch.where(any_bad & (self._record[0] < 0), candidate, self._record)
+        first = any_bad & self._clean
+        self._record = torch.where(first, candidate, self._record)
+        self._clean = self._clean & ~first
 
     def check(self) -> None:
         """Raise if a non-finite value was recorded, here or in a guard it wraps (one host
@@ -641,17 +666,24 @@ class NanGuard(VecEnvWrapper):
         env = self.unwrapped
         code = int(code)
         where = f"sub-env index {int(index)}, step {int(step)} (counted from the NanGuard's creation)"
+        got = value
+        if index < 0:  # recorded by an eager step on an accelerator (see the class docstring)
+            got = "a NaN or an inf"
+            where = (
+                f"step {int(step)} (counted from the NanGuard's creation; an eager run on {self.device} "
+                "does not locate the sub-env: --device cpu or --compile does)"
+            )
         if code == 0:
             raise ContractError(
                 f"NanGuard: the actions passed to {env!r}.step contain a non-finite value at {where}: "
-                f"expected finite actions, got {value}. A NaN action usually means the policy diverged: "
+                f"expected finite actions, got {got}. A NaN action usually means the policy diverged: "
                 "lower the learning rate, enable gradient clipping (max_grad_norm), and check the "
                 "losses for NaN."
             )
         source = "reset()" if code == 4 else "step()"
         raise ContractError(
             f"NanGuard: {env!r} produced a non-finite {_NAN_ARRAYS[code]} in {source} at {where}: expected "
-            f"finite values, got {value}. Check the env's dynamics (divisions, exp/log, velocities without "
+            f"finite values, got {got}. Check the env's dynamics (divisions, exp/log, velocities without "
             "bounds) and the action bounds (wrap with RescaleAction or clip actions so the env never "
             "sees out-of-range actions)."
         )
@@ -661,6 +693,7 @@ class NanGuard(VecEnvWrapper):
     ) -> tuple[Tensor, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         self._scan(obs, 4)
+        self._record_flags()
         return obs, info
 
     def _action(self, actions: Tensor) -> Tensor:
@@ -675,6 +708,7 @@ class NanGuard(VecEnvWrapper):
         self._scan(obs, 1)
         self._scan(reward, 2)
         self._scan(info.get("final_obs"), 3)
+        self._record_flags()
         if not self._sync_each_step and self.num_steps % self.check_every == 0:
             self.check()
         return obs, reward, terminated, truncated, info

@@ -93,7 +93,8 @@ def nan_check_every(config: TrainConfig) -> int:
     host synchronisation; on a CPU every step is checked as it happens): once per rollout on-policy, at
     its last step, so a NaN is raised before the update learns from it; every step off-policy, where the
     next update may already sample the new transitions."""
-    return config.hyperparameters.horizon if get_algorithm(config.algo).on_policy else 1
+    on_policy = bool(config.algo) and get_algorithm(config.algo).on_policy  # no algo: an env-only config
+    return config.hyperparameters.horizon if on_policy else 1
 
 
 def wrap_env(
