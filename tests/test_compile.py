@@ -119,7 +119,42 @@ def test_cpu_graphs_get_a_cpp_wrapper_and_starting_a_compiled_run_starts_no_thre
     assert set(threading.enumerate()) == threads
     add_one = compiled(lambda x: x + 1)
     assert add_one(torch.zeros(2)).tolist() == [1.0, 1.0]
-    assert options == [compiling.CPU_OPTIONS] and options[0]["cpp_wrapper"] is True
+    assert options == [{**compiling.CPU_OPTIONS, **compiling.cpu_isa_options()}]
+    assert options[0]["cpp_wrapper"] is True
+
+
+def test_vector_isa_probes_are_skipped_only_where_they_cannot_fail(monkeypatch, tmp_path):
+    """inductor trusts the CPU's flags (no probe builds) on x86 without AMX, and probes where the flags
+    need a newer compiler (AMX), off x86, or where the user set TORCHINDUCTOR_VEC_ISA_OK."""
+    import builtins
+
+    real_open = builtins.open
+
+    def machine(flags: str | None, arch: str = "x86_64", variable: str | None = None) -> dict:
+        compiling.cpu_isa_options.cache_clear()
+        monkeypatch.setattr(compiling.platform, "machine", lambda: arch)
+        if variable is None:
+            monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_VEC_ISA_OK", variable)
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor : 0\nflags : {flags}\n" if flags is not None else "")
+
+        def fake_open(path, *args, **kwargs):
+            return real_open(cpuinfo if path == "/proc/cpuinfo" else path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", fake_open)
+        try:
+            return compiling.cpu_isa_options()
+        finally:
+            monkeypatch.setattr(builtins, "open", real_open)
+            compiling.cpu_isa_options.cache_clear()
+
+    assert machine("fpu sse avx avx2 fma avx512f") == {"cpp.vec_isa_ok": True}
+    assert machine("fpu avx2 avx512f amx_tile amx_bf16") == {}
+    assert machine("fpu avx2", arch="aarch64") == {}
+    assert machine("fpu avx2", variable="0") == {}
+    assert machine(None) == {}  # no flags line: probe
 
 
 @needs_compiler

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 import os
+import platform
 import shutil
 import sys
 import time
@@ -105,7 +106,26 @@ def compile_pays(device: torch.device, eager_seconds_left: float) -> tuple[bool,
 
 
 CPU_OPTIONS = {"cpp_wrapper": True, "cpp.use_decompose_tanh": True}
-"""inductor's options for every graph phalanx compiles for a CPU (:func:`compiled` says why)."""
+"""inductor's options for every graph phalanx compiles for a CPU (:func:`compiled` says why), with
+:func:`cpu_isa_options`."""
+
+
+@functools.cache
+def cpu_isa_options() -> dict[str, bool]:
+    """``cpp.vec_isa_ok``: inductor trusts the vector instructions the CPU's flags claim instead of proving
+    each by building and loading a test library, where nothing can fail but the probes themselves: no
+    AMX claimed (its flags need g++ 11; the probes stay there), ``TORCHINDUCTOR_VEC_ISA_OK`` unset (a
+    user's setting wins). The probes were ~6 s of a first compile's ~28 s on a 2-core CPU (three builds
+    of ATen's vector headers, three loads in a child process; BENCHMARKS.md); later compiles find them in
+    torch's cache. The instructions picked are the same: the best the CPU claims."""
+    if "TORCHINDUCTOR_VEC_ISA_OK" in os.environ or platform.machine() not in ("x86_64", "AMD64"):
+        return {}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:  # not Linux: inductor probes as usual
+        return {}
+    return {"cpp.vec_isa_ok": True} if flags and "amx_tile" not in flags.split() else {}
 
 
 def compiled(function: Function, dynamic: bool = False) -> Function:
@@ -132,7 +152,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
             return graph(*args, **kwargs)
         tensors = [leaf for leaf in torch.utils._pytree.tree_leaves(args) if isinstance(leaf, torch.Tensor)]
         on_cpu = not tensors or tensors[0].device.type == "cpu"
-        options = CPU_OPTIONS if on_cpu else None
+        options = {**CPU_OPTIONS, **cpu_isa_options()} if on_cpu else None
         graph = torch.compile(function, fullgraph=True, dynamic=dynamic, options=options)
         start = time.perf_counter()
         try:
