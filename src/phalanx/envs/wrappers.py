@@ -574,7 +574,7 @@ class NanGuard(VecEnvWrapper):
     sees them. :meth:`step_with_noise` (traced into a compiled graph) always records on the device, with
     the offence's step, array, sub-env index and value: whoever steps through it calls :meth:`check`
     afterwards (a compiled ``step`` does so every ``check_every`` steps). An eager step on an accelerator
-    records the step and the array only: locating the sub-env and value took ~20 kernel launches per
+    records the step and the array only: locating the sub-env and value took ~30 kernel launches per
     array and step, half of an eager PPO step's launches on a GPU; a CPU or compiled run locates them.
     """
 

@@ -102,10 +102,6 @@ class VectorizedPPO(VectorizedPopulation):
                 "the members as separate runs (the process backend)."
             )
 
-    @property
-    def nan_check_every(self) -> int:
-        return self.config.hyperparameters.horizon  # on an accelerator: one read per rollout
-
     def _build_members(self, algorithms: list[Algorithm]) -> None:
         hp = self.config.hyperparameters
         self.horizon = hp.horizon

@@ -69,7 +69,7 @@ from phalanx.nets import (
     EnsembleLinear,
     observation_kind,
 )
-from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
+from phalanx.train.environments import EVAL_SEED_OFFSET, nan_check_every, space_spec
 from phalanx.train.evaluator import Evaluator
 
 
@@ -397,8 +397,8 @@ class VectorizedPopulation:
         ``num_envs`` rows, with the normalisation statistics per member."""
         config = self.config
         env = make_env(config.env, num_envs=num_envs, device=self.device)
-        if training:  # on an accelerator, reads its record once per round rather than every step
-            env = NanGuard(env, check_every=self.nan_check_every)
+        if training:  # on an accelerator, reads its record once per rollout on-policy, as a run's does
+            env = NanGuard(env, check_every=nan_check_every(config))
         if needs_action_map(env.single_action_space):
             env = RescaleAction(env)
         if config.normalize_obs:
@@ -407,11 +407,6 @@ class VectorizedPopulation:
         if config.normalize_reward and training:
             env = MemberScaleReward(env, self.num_members, self.hyperparameter_tensors["gamma"])
         return env
-
-    @property
-    def nan_check_every(self) -> int:
-        """Env steps between the NaN guard's reads of its record (one host sync each)."""
-        return 1
 
     def _env_seeds(self, offset: int, rows_per_member: int) -> int | list[int]:
         """``reset(seed=...)`` giving each member's rows what a single env seeded ``seed + offset`` gets."""
