@@ -175,7 +175,7 @@ def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any],
     return algorithm
 
 
-def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
     """``checkpoint`` of ``run_dir``: "best", "latest", a name in its checkpoints/ (``step_20480``, as
     ``phalanx eval`` prints them), or a path; a CheckpointError that lists the checkpoints there."""
     manager = CheckpointManager(run_dir)
@@ -201,7 +201,7 @@ def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
 
 def _load(run_dir: str | Path, checkpoint: str) -> tuple[TrainConfig, dict[str, Any]]:
     config = read_run_config(run_dir)
-    return config, load_checkpoint(_checkpoint_path(Path(run_dir), checkpoint))
+    return config, load_checkpoint(resolve_checkpoint(Path(run_dir), checkpoint))
 
 
 def load_agent(run_dir: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> Any:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from phalanx import __version__
-from phalanx.agent import _checkpoint_path, load_agent
+from phalanx.agent import load_agent, resolve_checkpoint
 from phalanx.algos.base import ActingModule
 from phalanx.algos.recurrent import RecurrentActing
 from phalanx.envs.wrappers import OBS_CLIP, OBS_EPSILON, ActionMap, RunningMeanStd
@@ -229,7 +229,7 @@ def export(
     output_path = _check_output(output, format) if output is not None else None
     run_dir = Path(run_dir)
     read_run_config(run_dir)  # a clear error for a directory that is not a run's, before its checkpoints
-    checkpoint_path = _checkpoint_path(run_dir, checkpoint)
+    checkpoint_path = resolve_checkpoint(run_dir, checkpoint)
     agent = load_agent(run_dir, str(checkpoint_path))
     policies = exported_policies(agent, stochastic)
     base = output_path or run_dir / "export" / ("policy_stochastic" if stochastic else "policy")

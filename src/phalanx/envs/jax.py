@@ -140,13 +140,15 @@ def split_keys(key: Any, num_envs: int) -> tuple[Any, Any, Any]:
     return next_key, jax.random.split(step_key, num_envs), jax.random.split(reset_key, num_envs)
 
 
-def _close_names(name: str, names: list[str]) -> str:
+def close_names(name: str, names: list[str]) -> str:
+    """ " Did you mean: ...?" with up to five of ``names`` close to ``name`` (case-insensitive), or ""."""
     lowered = {candidate.lower(): candidate for candidate in names}
     close = difflib.get_close_matches(name.lower(), list(lowered), n=5, cutoff=0.5)
     return f" Did you mean: {', '.join(lowered[c] for c in close)}?" if close else ""
 
 
-def _float32_box(low: Any, high: Any, shape: tuple[int, ...]) -> gym.spaces.Box:
+def float32_box(low: Any, high: Any, shape: tuple[int, ...]) -> gym.spaces.Box:
+    """A float32 Box of ``shape`` with bounds broadcast from ``low`` and ``high`` (a JAX env's limits)."""
     low = np.broadcast_to(np.asarray(low, dtype=np.float32), shape)
     high = np.broadcast_to(np.asarray(high, dtype=np.float32), shape)
     return gym.spaces.Box(low, high, shape=shape, dtype=np.float32)
@@ -419,7 +421,7 @@ class GymnaxVecEnv(JaxVecEnv):
         names = list(gymnax.registered_envs)
         if env_id not in names:
             raise EnvError(
-                f"GymnaxVecEnv: unknown gymnax environment {env_id!r}.{_close_names(str(env_id), names)} "
+                f"GymnaxVecEnv: unknown gymnax environment {env_id!r}.{close_names(str(env_id), names)} "
                 f"Available: {', '.join(names)}."
             )
         try:
@@ -453,7 +455,7 @@ class GymnaxVecEnv(JaxVecEnv):
         if kind == "Discrete" and which == "action":
             return gym.spaces.Discrete(int(space.n))
         if kind == "Box":
-            return _float32_box(space.low, space.high, tuple(space.shape))
+            return float32_box(space.low, space.high, tuple(space.shape))
         raise EnvError(
             f"GymnaxVecEnv({self.env_id!r}): the {which} space is {space!r}; phalanx supports Box "
             f"observations and Box or Discrete actions. Use another env, or wrap it in a JaxVecEnv "
@@ -504,7 +506,7 @@ class BraxVecEnv(JaxVecEnv):
         names = sorted(getattr(envs, "_envs", {}))
         if env_name not in names:
             raise EnvError(
-                f"BraxVecEnv: unknown Brax environment {env_name!r}.{_close_names(str(env_name), names)} "
+                f"BraxVecEnv: unknown Brax environment {env_name!r}.{close_names(str(env_name), names)} "
                 f"Available: {', '.join(names)}."
             )
         if backend is not None:
@@ -532,7 +534,7 @@ class BraxVecEnv(JaxVecEnv):
             low, high = control_range[:, 0], control_range[:, 1]
         except AttributeError:  # envs without a physics system (e.g. the 'fast' test env)
             low, high = -1.0, 1.0
-        action_space = _float32_box(low, high, (action_size,))
+        action_space = float32_box(low, high, (action_size,))
         super().__init__(num_envs, observation_space, action_space, device, max_episode_steps=episode_length)
 
     def _reset_one(self, key: Any) -> tuple[Any, Any]:

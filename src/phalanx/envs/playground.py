@@ -39,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from phalanx.envs.jax import JaxVecEnv, _close_names, _float32_box
+from phalanx.envs.jax import JaxVecEnv, close_names, float32_box
 from phalanx.errors import EnvError, import_optional
 
 __all__ = ["PlaygroundVecEnv", "playground_envs"]
@@ -152,7 +152,7 @@ class PlaygroundVecEnv(JaxVecEnv):
         if env_name not in names:
             raise EnvError(
                 f"PlaygroundVecEnv: unknown MuJoCo Playground environment {env_name!r}."
-                f"{_close_names(str(env_name), names)} Available: {', '.join(names)}."
+                f"{close_names(str(env_name), names)} Available: {', '.join(names)}."
             )
         if env_name not in dm_control_suite.ALL_ENVS and not mjx_env.MENAGERIE_PATH.exists():
             raise EnvError(
@@ -195,7 +195,7 @@ class PlaygroundVecEnv(JaxVecEnv):
 
         abstract_obs = jax.eval_shape(lambda key: self._observe(env.reset(key)), jax.random.PRNGKey(0))
         observation_space = gym.spaces.Box(-np.inf, np.inf, shape=tuple(abstract_obs.shape), dtype=np.float32)
-        action_space = _float32_box(-1.0, 1.0, (int(env.action_size),))
+        action_space = float32_box(-1.0, 1.0, (int(env.action_size),))
         super().__init__(
             num_envs,
             observation_space,

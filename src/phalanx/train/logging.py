@@ -160,7 +160,7 @@ class RunLogger:
         step = int(row["steps"])
         for key, value in row.items():
             if key not in skip and isinstance(value, (int, float)):
-                self.writer.add_scalar(_tensorboard_tag(key), value, step)
+                self.writer.add_scalar(tensorboard_tag(key), value, step)
 
     def sync(self) -> None:
         """Make every row logged so far durable (before a checkpoint: the rows up to it survive a kill)."""
@@ -288,7 +288,8 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _tensorboard_tag(key: str) -> str:
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics.csv column: grouped as eval/, rollout/, time/ or train/."""
     if key.startswith("eval_"):
         return f"eval/{key[5:]}"
     if key.startswith("episode_"):

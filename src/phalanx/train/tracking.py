@@ -46,7 +46,7 @@ from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError, import_optional
 from phalanx.files import write_text_atomic
 from phalanx.train.hooks import Hook
-from phalanx.train.logging import _tensorboard_tag
+from phalanx.train.logging import tensorboard_tag
 from phalanx.train.loop import TrainingInterrupted
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class WandbTracker(Hook):
     def on_log(self, trainer: Trainer, row: dict[str, Any]) -> None:
         """A row of metrics.csv, at its step, then the videos that appeared since the last row."""
         values = {
-            _tensorboard_tag(key): value for key, value in row.items() if key != "steps" and value is not None
+            tensorboard_tag(key): value for key, value in row.items() if key != "steps" and value is not None
         }
         self._log({"steps": int(row["steps"]), **values})
         self._log_videos()
@@ -185,7 +185,7 @@ class WandbTracker(Hook):
             if key in ("wall_time_s", "result_wall_time_s"):
                 values[f"eval/{key}"] = value
             elif key != "steps":
-                values[_tensorboard_tag(key)] = value
+                values[tensorboard_tag(key)] = value
         self._log(values)
 
     def on_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
