@@ -175,6 +175,8 @@ class EnsembleCriticLearner(Protocol):
     """What :class:`EnsembleCriticRule` needs of a learner: one algorithm, or P members at once."""
 
     actor: nn.Module
+    actor_target: nn.Module
+    """DDPG's and TD3's target actor (SAC has none: its rule does not read it)."""
     critic: EnsembleMLP
     critic_target: EnsembleMLP
     draws: Draws
@@ -208,7 +210,7 @@ class EnsembleCriticRule:
     """Whether the actor's loss takes standard normal noise for its action."""
 
     @classmethod
-    def update(cls, learner: Any, batch: ReplayBatch, hp: Any) -> dict[str, Tensor]:
+    def update(cls, learner: EnsembleCriticLearner, batch: ReplayBatch, hp: Any) -> dict[str, Tensor]:
         """One update of ``learner`` on ``batch``; scalar metrics (``(P,)`` for a population)."""
         actor_update = (learner.updates + 1) % hp.policy_delay == 0
         target_draws, actor_noise = cls.draw(learner.draws, batch, hp, actor_update)
@@ -242,7 +244,7 @@ class EnsembleCriticRule:
 
     @classmethod
     def critic_loss(
-        cls, learner: Any, batch: ReplayBatch, draws: TargetDraws, hp: Any
+        cls, learner: EnsembleCriticLearner, batch: ReplayBatch, draws: TargetDraws, hp: Any
     ) -> tuple[Tensor, Tensor]:
         """The critics' loss, squared TD error summed over the K critics and averaged over the batch
         (``(P,)`` for P members), and their mean Q."""
@@ -253,19 +255,23 @@ class EnsembleCriticRule:
         return loss, q.detach().mean(dim=(-2, -1))
 
     @classmethod
-    def next_value(cls, learner: Any, next_obs: Tensor, draws: TargetDraws, hp: Any) -> Tensor:
+    def next_value(
+        cls, learner: EnsembleCriticLearner, next_obs: Tensor, draws: TargetDraws, hp: Any
+    ) -> Tensor:
         """V(s') of the TD target, (B,)."""
         raise NotImplementedError
 
     @classmethod
     def actor_loss(
-        cls, learner: Any, obs: Tensor, noise: Tensor | None, hp: Any
+        cls, learner: EnsembleCriticLearner, obs: Tensor, noise: Tensor | None, hp: Any
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The actor's loss and its metrics; ``noise``: its action's noise (:attr:`samples_action`)."""
         raise NotImplementedError
 
     @classmethod
-    def after_actor_step(cls, learner: Any, actor_metrics: dict[str, Tensor], hp: Any) -> None:
+    def after_actor_step(
+        cls, learner: EnsembleCriticLearner, actor_metrics: dict[str, Tensor], hp: Any
+    ) -> None:
         """Hook after each actor step (SAC tunes its temperature here)."""
 
 
@@ -273,18 +279,22 @@ class DDPGRule(EnsembleCriticRule):
     """A deterministic actor: the target actor's action at s', ``-Q(s, pi(s))`` for the actor."""
 
     @classmethod
-    def next_actions(cls, learner: Any, next_obs: Tensor, noise: Tensor | None, hp: Any) -> Tensor:
+    def next_actions(
+        cls, learner: EnsembleCriticLearner, next_obs: Tensor, noise: Tensor | None, hp: Any
+    ) -> Tensor:
         return learner.actor_target(next_obs)
 
     @classmethod
-    def next_value(cls, learner: Any, next_obs: Tensor, draws: TargetDraws, hp: Any) -> Tensor:
+    def next_value(
+        cls, learner: EnsembleCriticLearner, next_obs: Tensor, draws: TargetDraws, hp: Any
+    ) -> Tensor:
         next_actions = cls.next_actions(learner, next_obs, draws.noise, hp)
         q_next = q_values(learner.critic_target, next_obs, next_actions)
         return reduce_critics(q_next, hp, draws.subset)  # (B,)
 
     @classmethod
     def actor_loss(
-        cls, learner: Any, obs: Tensor, noise: Tensor | None, hp: Any
+        cls, learner: EnsembleCriticLearner, obs: Tensor, noise: Tensor | None, hp: Any
     ) -> tuple[Tensor, dict[str, Tensor]]:
         return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import torch
@@ -27,6 +27,7 @@ from phalanx.algos.ddpg import (
     Draws,
     EnsembleCriticAlgorithm,
     EnsembleCriticConfig,
+    EnsembleCriticLearner,
     EnsembleCriticRule,
     TargetDraws,
     member_view,
@@ -140,6 +141,16 @@ class SampledExploration(ExplorationPolicy):
         return self.actor.sample_action(obs)
 
 
+class SACLearner(EnsembleCriticLearner, Protocol):
+    """What :class:`SACRule` needs besides the critics' learner: the temperature, one or ``(P,)``."""
+
+    alpha: torch.Tensor
+    target_entropy: float | torch.Tensor
+
+    def step_alpha(self, gradient: torch.Tensor) -> None:
+        """One optimiser step of log(alpha) on its loss's closed-form ``gradient``."""
+
+
 class SACRule(EnsembleCriticRule):
     """The soft target and actor loss, and the temperature's step; ``learner.alpha`` and
     ``learner.target_entropy`` are scalars, or ``(P,)`` for a population."""
@@ -148,7 +159,9 @@ class SACRule(EnsembleCriticRule):
     samples_action = True
 
     @classmethod
-    def next_value(cls, learner: Any, next_obs: torch.Tensor, draws: TargetDraws, hp: Any) -> torch.Tensor:
+    def next_value(
+        cls, learner: SACLearner, next_obs: torch.Tensor, draws: TargetDraws, hp: Any
+    ) -> torch.Tensor:
         next_actions, next_log_probs = learner.actor.sample(next_obs, draws.noise)
         q_next = q_values(learner.critic_target, next_obs, next_actions)  # (K, B)
         q_next = reduce_critics(q_next, hp, draws.subset)  # (B,)
@@ -156,7 +169,7 @@ class SACRule(EnsembleCriticRule):
 
     @classmethod
     def actor_loss(
-        cls, learner: Any, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
+        cls, learner: SACLearner, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         actions, log_probs = learner.actor.sample(obs, noise)
         q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
@@ -164,7 +177,7 @@ class SACRule(EnsembleCriticRule):
         return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}
 
     @classmethod
-    def after_actor_step(cls, learner: Any, actor_metrics: dict[str, torch.Tensor], hp: Any) -> None:
+    def after_actor_step(cls, learner: SACLearner, actor_metrics: dict[str, torch.Tensor], hp: Any) -> None:
         log_probs = actor_metrics.pop("log_probs")
         if hp.learn_alpha:
             # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from phalanx.algos.ddpg import DDPG, DDPGConfig, DDPGRule, member_view
+from phalanx.algos.ddpg import DDPG, DDPGConfig, DDPGRule, EnsembleCriticLearner, member_view
 from phalanx.config import TrainConfig, check
 
 
@@ -39,7 +39,7 @@ class TD3Rule(DDPGRule):
 
     @classmethod
     def next_actions(
-        cls, learner: Any, next_obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
+        cls, learner: EnsembleCriticLearner, next_obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
     ) -> torch.Tensor:
         actions = learner.actor_target(next_obs)
         clip = member_view(hp.target_noise_clip, actions)
