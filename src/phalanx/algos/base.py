@@ -1,7 +1,7 @@
 """The Algorithm interface shared by every learning rule.
 
-An algorithm knows observation and action *spaces*, never environments (DESIGN.md). It owns its
-networks and optimisers and exposes:
+An algorithm knows observation and action *spaces*, never environments (docs/architecture.md, "Layers").
+It owns its networks and optimisers and exposes:
 
 - ``act(obs, deterministic)``: actions in the normalised action space ([-1, 1] for Box), for
   evaluation and deployment; ``acting_module(stochastic)``: the same as an :class:`ActingModule`, a

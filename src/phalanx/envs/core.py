@@ -1,6 +1,6 @@
 """The VecEnv contract: batched environments whose arrays are torch tensors on one device.
 
-Every environment the learner sees is a :class:`VecEnv`. The contract (see DESIGN.md):
+Every environment the learner sees is a :class:`VecEnv`. The contract (docs/architecture.md has it too):
 
 - ``reset(seed=None, options=None) -> (obs, info)`` with ``obs`` of shape ``(num_envs, *obs_shape)``,
   float32 (uint8 for a uint8 observation space: images), on ``device``.

@@ -111,8 +111,8 @@ class Evaluations(Hook):
         }
 
     def agent_state(self) -> dict[str, Any]:
-        trainer = self.trainer
         """The agent as it is evaluated now (a pipeline's worker thread paused, its steps consumed)."""
+        trainer = self.trainer
         if trainer.group is not None:  # learner 0 alone: no drain (a collective); no statistics move then
             return trainer.agent_state()
         with trainer.collection.drained():  # the worker thread would move the observation statistics
