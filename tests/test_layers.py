@@ -7,14 +7,15 @@ above an imported module count as imported as well, except those that already co
 module (and the root package ``phalanx``, which every module is in). Imports of other packages
 (torch, ray, jax, ...) are not checked: an optional extra imported inside a function is fine.
 
-1. No import cycle among the modules, through the imports that run when a module is imported: the
-   statements at module level (also inside a module-level ``if`` or ``try``), not those in functions
-   and not those under ``if TYPE_CHECKING:``.
+1. No import cycle among the modules, through the imports that run at import (module level, also inside
+   a module-level ``if`` or ``try``; not in functions), nor when the imports under ``if TYPE_CHECKING:``
+   count too (a dependency for a reader and a type checker; :data:`KNOWN_CYCLE_EDGES` are the ones left).
 2. Every import (module level, in functions, under TYPE_CHECKING) goes down or sideways in
    :data:`LAYERS`, never up.
-3. No ``from phalanx.x.y import _private`` across packages: a name with a leading underscore is
-   imported only by modules of its own package.
+3. No ``from phalanx.x.y import _private``: a name with a leading underscore stays in its module.
 4. No module-level assignment to an attribute of an imported name (a class patched at import).
+5. No module over :data:`MAX_LINES` lines: a module does one job (:data:`KNOWN_LONG`: the ones still to
+   split, which may not grow).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ PACKAGE = SOURCE / "phalanx"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors and files", ("errors", "files", "compiling")),
     ("algorithm table", ("registry",)),
-    ("config", ("config",)),
+    ("config", ("config", "config.*")),
     ("market data", ("finance", "finance.data", "finance.indicators", "finance.metrics")),
     (
         "environments, worker pool, networks, buffers, optimisers",
@@ -43,7 +44,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "envs.*",
             "pool",
             "nets",
+            "nets.*",
             "buffers",
+            "buffers.*",
             "optim",
             "marl.core",
             "marl.mpe",
@@ -67,9 +70,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "video",
             "exporting",
             "tuning",
+            "tuning.*",
         ),
     ),
-    ("entry points", ("cli", "__main__", "")),
+    ("entry points", ("cli", "cli.*", "__main__", "")),
 ]
 """Bottom to top: module names relative to ``phalanx`` ("" is the root package, ``x.*`` every module
 of the package x not named on its own). A module may import the modules of its own layer and below."""
@@ -108,6 +112,8 @@ class Import:
     """The names a ``from`` import takes from ``target``'s package or module."""
     at_import: bool
     """Whether it runs when the importer is imported (module level, not under TYPE_CHECKING)."""
+    module_level: bool
+    """Whether it is at module level (under TYPE_CHECKING too): a dependency of the module as a whole."""
 
 
 def _absolute(node: ast.ImportFrom, importer: str) -> str:
@@ -126,45 +132,50 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _walk(body: list[ast.stmt], at_import: bool):
-    """Every statement of ``body`` and the blocks inside it, with whether it runs at import."""
+def _walk(body: list[ast.stmt], at_import: bool, module_level: bool = True):
+    """Every statement of ``body`` and the blocks inside it, with whether it runs at import and whether it
+    is at module level (not in a function; under TYPE_CHECKING counts)."""
     for node in body:
-        yield node, at_import
+        yield node, at_import, module_level
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from _walk(node.body, False)
+            yield from _walk(node.body, False, False)
         elif isinstance(node, ast.ClassDef):
-            yield from _walk(node.body, at_import)
+            yield from _walk(node.body, at_import, module_level)
         elif isinstance(node, ast.If):
             runs = at_import and not _is_type_checking(node)
-            yield from _walk(node.body, runs)
-            yield from _walk(node.orelse, at_import)
+            yield from _walk(node.body, runs, module_level)
+            yield from _walk(node.orelse, at_import, module_level)
         else:
             for field in ("body", "orelse", "finalbody", "handlers"):
                 block = getattr(node, field, None)
                 if isinstance(block, list) and block and isinstance(block[0], (ast.stmt, ast.excepthandler)):
-                    yield from _walk(block, at_import)
+                    yield from _walk(block, at_import, module_level)
 
 
 def imports_of(importer: str) -> list[Import]:
     path = MODULES[importer]
     source = path.read_text()
     found = []
-    for node, at_import in _walk(ast.parse(source).body, True):
+    for node, at_import, module_level in _walk(ast.parse(source).body, True):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         statement = ast.get_source_segment(source, node) or ""
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "phalanx" or alias.name.startswith("phalanx."):
-                    found.append(Import(importer, node.lineno, statement, alias.name, (), at_import))
+                    found.append(
+                        Import(importer, node.lineno, statement, alias.name, (), at_import, module_level)
+                    )
             continue
         base = _absolute(node, importer)
         if base != "phalanx" and not base.startswith("phalanx."):
             continue
         names = tuple(alias.name for alias in node.names)
         submodules = [f"{base}.{name}" for name in names if f"{base}.{name}" in MODULES]
-        found.append(Import(importer, node.lineno, statement, base, names, at_import))
-        found += [Import(importer, node.lineno, statement, sub, (), at_import) for sub in submodules]
+        found.append(Import(importer, node.lineno, statement, base, names, at_import, module_level))
+        found += [
+            Import(importer, node.lineno, statement, sub, (), at_import, module_level) for sub in submodules
+        ]
     return found
 
 
@@ -194,15 +205,42 @@ def test_every_module_has_a_layer():
     )
 
 
-def test_no_import_cycle():
+TRAINER = "phalanx.train.trainer"
+KNOWN_CYCLE_EDGES = {
+    (f"phalanx.train.{module}", TRAINER)
+    for module in ("collection", "evaluations", "hooks", "loop", "summary", "tracking", "videos")
+}
+"""Issue 37, still open: these modules of train/ type their argument as the Trainer (under TYPE_CHECKING)
+that imports them. Each goes from this set when its module types against a narrow interface instead;
+an entry that no longer exists fails :func:`test_known_cycle_edges_still_exist`, so the set only shrinks."""
+
+
+def module_graph(at_import: bool) -> tuple[dict[str, set[str]], dict[tuple[str, str], Import]]:
+    """The modules' imports as a graph: those that run at import (``at_import``), or every module-level one
+    (TYPE_CHECKING included); with the statement of each edge."""
     graph: dict[str, set[str]] = {module: set() for module in MODULES}
     lines: dict[tuple[str, str], Import] = {}
     for item in ALL_IMPORTS:
-        if item.at_import:
+        if item.at_import if at_import else item.module_level:
             for target in with_packages(item):
                 if target in MODULES and target != item.importer:
                     graph[item.importer].add(target)
                     lines.setdefault((item.importer, target), item)
+    return graph, lines
+
+
+def test_known_cycle_edges_still_exist():
+    graph, _ = module_graph(at_import=False)
+    gone = sorted(edge for edge in KNOWN_CYCLE_EDGES if edge[1] not in graph[edge[0]])
+    assert not gone, f"remove these from KNOWN_CYCLE_EDGES in tests/test_layers.py, they are fixed: {gone}"
+
+
+@pytest.mark.parametrize("at_import", [True, False], ids=["at-import", "type-checking-too"])
+def test_no_import_cycle(at_import):
+    graph, lines = module_graph(at_import)
+    if not at_import:
+        for importer, target in KNOWN_CYCLE_EDGES:
+            graph[importer].discard(target)
     cycles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -226,8 +264,9 @@ def test_no_import_cycle():
         if module not in state:
             visit(module)
     assert not cycles, (
-        "import cycles (rule: no cycle among the imports that run at import time; move the shared code "
-        "into the lower module, or import downward only):\n" + "\n".join(cycles)
+        "import cycles (rule: no cycle among the module-level imports, TYPE_CHECKING ones included; move "
+        "the shared code into the lower module, type against a Protocol in it, or import downward only):\n"
+        + "\n".join(cycles)
     )
 
 
@@ -249,19 +288,51 @@ def test_imports_only_go_down_the_layers():
     )
 
 
-def _package(module: str) -> str:
-    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
-
-
-def test_no_private_names_across_packages():
+def test_no_private_names_imported():
     crossing = []
     for item in ALL_IMPORTS:
         private = [name for name in item.names if name.startswith("_") and not name.startswith("__")]
-        if private and item.target in MODULES and _package(item.target) != _package(item.importer):
-            crossing.append(f"{where(item)} takes {private} from package {_package(item.target)}")
+        if private and item.target in MODULES:
+            crossing.append(f"{where(item)} takes {private} from {item.target}")
     assert not crossing, (
-        "private names imported across packages (rule: a name with a leading underscore stays in its "
-        "package; make it public where it is shared, or move it):\n" + "\n".join(crossing)
+        "private names imported from another module (rule: a name with a leading underscore stays in its "
+        "module; make it public where it is shared, or move it):\n" + "\n".join(crossing)
+    )
+
+
+MAX_LINES = 600
+KNOWN_LONG = {
+    "src/phalanx/buffers.py": 930,
+    "src/phalanx/cli.py": 989,
+    "src/phalanx/config.py": 661,
+    "src/phalanx/envs/check.py": 708,
+    "src/phalanx/envs/core.py": 700,
+    "src/phalanx/envs/workers.py": 981,
+    "src/phalanx/envs/wrappers.py": 887,
+    "src/phalanx/finance/data.py": 855,
+    "src/phalanx/marl/adapters.py": 932,
+    "src/phalanx/nets.py": 940,
+    "src/phalanx/optim.py": 604,
+    "src/phalanx/population/orchestrator.py": 753,
+    "src/phalanx/population/vectorized_base.py": 680,
+    "src/phalanx/tuning.py": 933,
+}
+"""Issue 37, still open: modules over the limit, each with the most lines it may have until it is split.
+A module leaves this table when it is split; the table only shrinks (a stale entry fails)."""
+
+
+def test_no_module_over_the_line_limit():
+    lines = {
+        str(path.relative_to(SOURCE.parent)): len(path.read_text().splitlines()) for path in MODULES.values()
+    }
+    long = {path: count for path, count in lines.items() if count > KNOWN_LONG.get(path, MAX_LINES)}
+    stale = sorted(path for path, bound in KNOWN_LONG.items() if lines.get(path, 0) <= MAX_LINES)
+    assert not long, (
+        f"modules over {MAX_LINES} lines, or over their bound in KNOWN_LONG (rule: a module does one job; "
+        f"split it by job into a package or sibling modules): {long}"
+    )
+    assert not stale, (
+        f"remove these from KNOWN_LONG in tests/test_layers.py, they are within the limit: {stale}"
     )
 
 
@@ -275,7 +346,7 @@ def test_no_class_patched_at_import():
             if isinstance(node, (ast.Import, ast.ImportFrom))
             for alias in node.names
         }
-        for node, at_import in _walk(tree.body, True):
+        for node, at_import, _ in _walk(tree.body, True):
             targets = {ast.Assign: "targets", ast.AugAssign: "target", ast.AnnAssign: "target"}
             if not at_import or type(node) not in targets:
                 continue
