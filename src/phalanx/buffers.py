@@ -7,15 +7,15 @@ and computing advantages is a short loop of elementwise kernels, with no host sy
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from phalanx.buffer_memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import is_image_space
 
@@ -266,26 +266,6 @@ def _gae_terms(
 # -- off-policy -------------------------------------------------------------------------------------
 
 
-def available_memory(device: torch.device) -> int | None:
-    """Free memory on ``device`` in bytes (None if unknown)."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as file:
-                for line in file:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
-
-
 @dataclass
 class ReplayBatch:
     """A sampled batch; ``rewards`` and ``discounts`` already fold in n-step returns.
@@ -363,7 +343,93 @@ class NStepWindow:
         return (window * weights).sum(dim=1)
 
 
-class ReplayBuffer:
+class ReplayRing:
+    """What both replay buffers share: a time-major ring of ``slots`` steps of ``num_envs`` sub-envs, its
+    actions, rewards and episode flags, the n-step sampling and the checkpoint state. A subclass says how
+    it stores observations (:meth:`stored_obs`, :meth:`stored_next_obs`) and lists its tensors in
+    ``FIELDS``."""
+
+    FIELDS: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        capacity: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        action_shape: Sequence[int],
+        device: str | torch.device,
+        obs_dtype: torch.dtype,
+    ) -> None:
+        self.device = torch.device(device)
+        self.num_envs = num_envs
+        self.slots = max(capacity // num_envs, 1)
+        self.capacity = self.slots * num_envs
+        self.obs_shape = tuple(obs_shape)
+        self.action_shape = tuple(action_shape)
+        self.obs_dtype = obs_dtype
+
+    def allocate_steps(self, action_dtype: torch.dtype) -> None:
+        """The ``(slots, N, ...)`` actions, rewards and episode flags, and an empty ring."""
+        shape = (self.slots, self.num_envs)
+        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.position = 0  # the slot written next
+        self.filled = 0  # slots held, at most self.slots
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held by the buffer, in bytes."""
+        return sum(getattr(self, name).nbytes for name in self.FIELDS)
+
+    def __len__(self) -> int:
+        return self.filled * self.num_envs
+
+    def store_step(self, actions: Tensor, rewards: Tensor, terminated: Tensor, truncated: Tensor) -> None:
+        """Write a step's actions, rewards and flags to the slot written next, and move on to the next."""
+        slot = self.position
+        self.actions[slot].copy_(actions)
+        self.rewards[slot].copy_(rewards)
+        self.terminated[slot].copy_(terminated)
+        self.truncated[slot].copy_(truncated)
+        self.position = (slot + 1) % self.slots
+        self.filled = min(self.filled + 1, self.slots)
+
+    def stored_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        """The ``obs`` of the transitions at ``slots`` of sub-envs ``envs`` (both ``(B,)``)."""
+        raise NotImplementedError
+
+    def stored_next_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        """The ``next_obs`` of the transitions at ``slots`` of sub-envs ``envs`` (both ``(B,)``)."""
+        raise NotImplementedError
+
+    def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
+        """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end)."""
+        window = NStepWindow.sample(
+            self, batch_size, gamma, n_step, self.terminated, self.truncated, type(self).__name__
+        )
+        return ReplayBatch(
+            self.stored_obs(window.start, window.env),
+            self.actions[window.start, window.env],
+            window.returns(self.rewards),
+            self.stored_next_obs(window.last, window.env),
+            window.discounts,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).clone() for name in self.FIELDS}
+        state.update(position=self.position, filled=self.filled)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy what :meth:`state_dict` returned into this buffer (shapes checked, dtypes converted)."""
+        load_fields(self, state, self.FIELDS, type(self).__name__)
+        self.position = int(state["position"])
+        self.filled = int(state["filled"])
+
+
+class ReplayBuffer(ReplayRing):
     """A ring of past transitions on the training device, fed one VecEnv step (N rows) at a time.
 
     Storage is time-major, ``(slots, N, ...)`` with ``slots = capacity // N``, so each sub-env's
@@ -392,25 +458,13 @@ class ReplayBuffer:
     ) -> None:
         """``members``: the buffer holds a population's members' transitions together (the memory
         check's error then says to use fewer members)."""
-        self.device = torch.device(device)
-        self.num_envs = num_envs
-        self.slots = max(capacity // num_envs, 1)
-        self.capacity = self.slots * num_envs
-        self.obs_shape = tuple(obs_shape)
-        self.action_shape = tuple(action_shape)
-        self.obs_dtype = obs_dtype
+        super().__init__(capacity, num_envs, obs_shape, action_shape, device, obs_dtype)
         check_memory(
             self.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype), members
         )
-        shape = (self.slots, num_envs)
-        self.obs = torch.zeros(*shape, *self.obs_shape, dtype=obs_dtype, device=self.device)
-        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
-        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.obs = torch.zeros(self.slots, num_envs, *self.obs_shape, dtype=obs_dtype, device=self.device)
         self.next_obs = torch.zeros_like(self.obs)
-        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.position = 0  # the slot written next
-        self.filled = 0  # slots written so far, at most self.slots
+        self.allocate_steps(action_dtype)
 
     @staticmethod
     def bytes_needed(
@@ -440,14 +494,6 @@ class ReplayBuffer:
         needed = cls.bytes_needed(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
         return ReplayMemory(needed, capacity, replay_layout(obs_shape, action_shape), torch.device(device))
 
-    @property
-    def nbytes(self) -> int:
-        """Device memory held by the buffer, in bytes."""
-        return sum(getattr(self, name).nbytes for name in self.FIELDS)
-
-    def __len__(self) -> int:
-        return self.filled * self.num_envs
-
     def add(
         self,
         obs: Tensor,
@@ -458,106 +504,15 @@ class ReplayBuffer:
         truncated: Tensor,
     ) -> None:
         """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension."""
-        slot = self.position
-        self.obs[slot].copy_(obs)
-        self.actions[slot].copy_(actions)
-        self.rewards[slot].copy_(rewards)
-        self.next_obs[slot].copy_(next_obs)
-        self.terminated[slot].copy_(terminated)
-        self.truncated[slot].copy_(truncated)
-        self.position = (slot + 1) % self.slots
-        self.filled = min(self.filled + 1, self.slots)
+        self.obs[self.position].copy_(obs)
+        self.next_obs[self.position].copy_(next_obs)
+        self.store_step(actions, rewards, terminated, truncated)
 
-    def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
-        """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end)."""
-        window = NStepWindow.sample(
-            self, batch_size, gamma, n_step, self.terminated, self.truncated, "ReplayBuffer"
-        )
-        return ReplayBatch(
-            self.obs[window.start, window.env],
-            self.actions[window.start, window.env],
-            window.returns(self.rewards),
-            self.next_obs[window.last, window.env],
-            window.discounts,
-        )
+    def stored_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        return self.obs[slots, envs]
 
-    def state_dict(self) -> dict[str, Any]:
-        state = {name: getattr(self, name).clone() for name in self.FIELDS}
-        state.update(position=self.position, filled=self.filled)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Copy what :meth:`state_dict` returned into this buffer; observations saved in another dtype
-        (float32, before buffers kept the env's dtype) are converted."""
-        load_fields(self, state, self.FIELDS, "ReplayBuffer")
-        self.position = int(state["position"])
-        self.filled = int(state["filled"])
-
-
-def transition_bytes(action_shape: tuple, action_dtype: torch.dtype) -> int:
-    """Bytes of a stored transition besides its observations: the action, the reward, two flags."""
-    return action_dtype.itemsize * math.prod(action_shape) + 4 + 1 + 1
-
-
-def replay_layout(obs_shape: tuple, action_shape: tuple) -> str:
-    """What a transition of a single-agent replay holds, as a memory error names it."""
-    return f"obs {obs_shape}, actions {action_shape}"
-
-
-@dataclass(frozen=True)
-class ReplayMemory:
-    """What a replay buffer takes: ``needed`` bytes of ``device``'s memory for ``capacity`` transitions,
-    each holding ``layout`` (as a memory error names it)."""
-
-    needed: int
-    capacity: int
-    layout: str
-    device: torch.device
-
-    @property
-    def per_transition(self) -> float:
-        return self.needed / self.capacity
-
-
-MEMORY_HEADROOM = 0.9
-"""A replay buffer may take at most this fraction of the memory available when it is allocated: the rest
-is left for the networks, the envs and the other processes."""
-
-
-def available_when_short(needed: int, device: torch.device) -> int | None:
-    """The bytes available on ``device`` now (RAM on the CPU, free device memory on CUDA) where ``needed``
-    bytes exceed :data:`MEMORY_HEADROOM` of them; None where they fit (or the memory is unknown)."""
-    available = available_memory(device)
-    if available is None or needed <= MEMORY_HEADROOM * available:
-        return None
-    return available
-
-
-def check_memory(memory: ReplayMemory, members: int = 1) -> None:
-    """A ConfigError with the fix where a replay buffer of ``memory`` would not fit on its device,
-    checked before allocating it. ``members``: a population's members share the buffer,
-    ``capacity / members`` transitions each."""
-    needed, capacity, device = memory.needed, memory.capacity, memory.device
-    available = available_when_short(needed, device)
-    if available is None:
-        return
-    per_transition = memory.per_transition
-    fits = int(MEMORY_HEADROOM * available / per_transition)
-    if members > 1:
-        what = f"{members} members x {capacity // members:,} transitions"
-        fix = (
-            f"lower --buffer-size to at most {fits // members:,} transitions per member, or use fewer "
-            f"members (at most {max(fits // max(capacity // members, 1), 0):,} at this buffer size)"
-        )
-    else:
-        what = f"{capacity:,} transitions"
-        fix = f"lower --buffer-size to at most {fits:,} transitions"
-    raise ConfigError(
-        f"a replay buffer of {what} ({memory.layout}, {per_transition:,.0f} bytes each) needs "
-        f"{needed / 2**30:.2f} GiB on {device}, but only {available / 2**30:.2f} GiB is available "
-        f"({needed:,} bytes needed, {available:,} available, of which a replay buffer may take "
-        f"{MEMORY_HEADROOM:.0%}). Fix: {fix}, or train on a device with more memory."
-    )
+    def stored_next_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        return self.next_obs[slots, envs]
 
 
 def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner: str) -> None:
@@ -581,7 +536,7 @@ def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner
         getattr(buffer, name).copy_(state[name])
 
 
-class CompactReplayBuffer:
+class CompactReplayBuffer(ReplayRing):
     """A replay buffer that stores each observation once, and each frame of stacked frames once: for
     images, as exact as :class:`ReplayBuffer` in a fraction of its memory.
 
@@ -635,13 +590,7 @@ class CompactReplayBuffer:
         obs_dtype: torch.dtype = torch.uint8,
         stacked_frames: int = 1,
     ) -> None:
-        self.device = torch.device(device)
-        self.num_envs = num_envs
-        self.slots = max(capacity // num_envs, 1)
-        self.capacity = self.slots * num_envs
-        self.obs_shape = tuple(obs_shape)
-        self.action_shape = tuple(action_shape)
-        self.obs_dtype = obs_dtype
+        super().__init__(capacity, num_envs, obs_shape, action_shape, device, obs_dtype)
         if stacked_frames < 1 or (stacked_frames > 1 and self.obs_shape[:1] != (stacked_frames,)):
             raise ConfigError(
                 f"CompactReplayBuffer: stacked_frames = {stacked_frames} needs observations of shape "
@@ -663,10 +612,7 @@ class CompactReplayBuffer:
         )
         self.obs_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self.next_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
-        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.allocate_steps(action_dtype)
         self.head = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
         """Per sub-env, the serial of the last row written (-1: none yet)."""
         self.last = torch.zeros(
@@ -674,8 +620,6 @@ class CompactReplayBuffer:
         )
         """Per sub-env, the observation stored last (the rows ending at ``head``), which the next is
         compared with."""
-        self.position = 0  # the slot written next
-        self.filled = 0  # slots held, at most self.slots
         self.margin = -1
         """Rows every sub-env can still write before the oldest held observation is written over, as of
         the last check, less the most each add since may have written (2k): :meth:`drop_overwritten` checks
@@ -734,14 +678,9 @@ class CompactReplayBuffer:
             needed, slots * num_envs, replay_layout(obs_shape, action_shape), torch.device(device)
         )
 
-    @property
-    def nbytes(self) -> int:
-        """Device memory held by the buffer, in bytes."""
-        return sum(getattr(self, name).nbytes for name in self.FIELDS)
-
     def __len__(self) -> int:
         self.drop_overwritten()
-        return self.filled * self.num_envs
+        return super().__len__()
 
     def add(
         self,
@@ -764,15 +703,9 @@ class CompactReplayBuffer:
         self.write(next_words, next_serial, next_serial - obs_serial)
         self.head = next_serial
         self.last_words.copy_(next_words)
-        slot = self.position
-        self.obs_serial[slot] = obs_serial
-        self.next_serial[slot] = next_serial
-        self.actions[slot].copy_(actions)
-        self.rewards[slot].copy_(rewards)
-        self.terminated[slot].copy_(terminated)
-        self.truncated[slot].copy_(truncated)
-        self.position = (slot + 1) % self.slots
-        self.filled = min(self.filled + 1, self.slots)
+        self.obs_serial[self.position] = obs_serial
+        self.next_serial[self.position] = next_serial
+        self.store_step(actions, rewards, terminated, truncated)
         self.margin -= 2 * self.stacked_frames
 
     def words(self, tensor: Tensor) -> Tensor:
@@ -806,19 +739,17 @@ class CompactReplayBuffer:
         words = self.frame_words.index_select(0, rows.flatten())  # (B * k, W)
         return words.view(torch.uint8).view(self.obs_dtype).view(-1, *self.obs_shape)
 
+    def stored_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        return self.observations(self.obs_serial[slots, envs], envs)
+
+    def stored_next_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
+        return self.observations(self.next_serial[slots, envs], envs)
+
     def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> ReplayBatch:
-        """A uniform batch of ``n_step``-step transitions, exactly as :meth:`ReplayBuffer.sample` draws it."""
+        """A uniform batch of ``n_step``-step transitions, exactly as :meth:`ReplayBuffer.sample` draws it
+        (the transitions whose rows were written over dropped first)."""
         self.drop_overwritten()
-        window = NStepWindow.sample(
-            self, batch_size, gamma, n_step, self.terminated, self.truncated, "CompactReplayBuffer"
-        )
-        return ReplayBatch(
-            self.observations(self.obs_serial[window.start, window.env], window.env),
-            self.actions[window.start, window.env],
-            window.returns(self.rewards),
-            self.observations(self.next_serial[window.last, window.env], window.env),
-            window.discounts,
-        )
+        return super().sample(batch_size, gamma, n_step)
 
     def drop_overwritten(self) -> None:
         """Drop the oldest transitions whose rows were written over (episodes shorter than the rows allow
@@ -844,9 +775,7 @@ class CompactReplayBuffer:
         return int((oldest_row - 1 - (self.head - self.rows)).min())
 
     def state_dict(self) -> dict[str, Any]:
-        state = {name: getattr(self, name).clone() for name in self.FIELDS}
-        state.update(position=self.position, filled=self.filled, stacked_frames=self.stacked_frames)
-        return state
+        return {**super().state_dict(), "stacked_frames": self.stacked_frames}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "stacked_frames" not in state:
@@ -861,9 +790,7 @@ class CompactReplayBuffer:
                 f"buffer stacks {self.stacked_frames}; resume with the observation space and frame stacking "
                 "the checkpoint was written with."
             )
-        load_fields(self, state, self.FIELDS, "CompactReplayBuffer")
-        self.position = int(state["position"])
-        self.filled = int(state["filled"])
+        super().load_state_dict(state)
         self.margin = -1
 
 

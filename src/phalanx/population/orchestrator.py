@@ -35,7 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from phalanx.buffers import MEMORY_HEADROOM, ReplayMemory, available_when_short
+from phalanx.buffer_memory import MEMORY_HEADROOM, ReplayMemory, available_when_short
 from phalanx.config import TrainConfig, save_yaml
 from phalanx.errors import ConfigError, PhalanxError
 from phalanx.files import replace_directory, write_text_atomic

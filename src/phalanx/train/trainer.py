@@ -18,10 +18,10 @@ import torch
 
 from phalanx.algos.base import Algorithm
 from phalanx.algos.dqn import DQNConfig
+from phalanx.buffer_memory import ReplayMemory
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
-    ReplayMemory,
     RolloutBuffer,
     make_replay_buffer,
     observation_dtype,
