@@ -51,7 +51,7 @@ def short_config(tmp_path, algo: str, name: str = "run", **overrides) -> phalanx
 
 def algorithm_tensors(run_dir, which: str = "latest") -> dict[str, torch.Tensor]:
     """Every tensor of the algorithm's checkpointed state, flattened to ``path -> tensor``."""
-    state = load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))["algorithm"]
+    state = load_checkpoint(phalanx.agent.resolve_checkpoint(run_dir, which))["algorithm"]
     found: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, value) -> None:

@@ -36,7 +36,7 @@ def small_config(tmp_path, name="run", **overrides):
 
 
 def weights(run_dir, which):
-    return load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))["algorithm"]["policy"]
+    return load_checkpoint(phalanx.agent.resolve_checkpoint(run_dir, which))["algorithm"]["policy"]
 
 
 def test_training_is_the_same_and_every_evaluation_is_logged_at_the_step_of_its_weights(
@@ -70,7 +70,7 @@ def test_training_is_the_same_and_every_evaluation_is_logged_at_the_step_of_its_
     assert ("evaluation (deterministic)", list(range(512, 4097, 512))) in plotted
     # The best checkpoint holds the weights that were evaluated, not those of the step the result came in.
     best = [row for row in rows if row["eval_return_mean"] == separate.summary["best_eval_return"]][0]
-    state = load_checkpoint(phalanx.agent._checkpoint_path(separate.run_dir, "best"))
+    state = load_checkpoint(phalanx.agent.resolve_checkpoint(separate.run_dir, "best"))
     assert state["progress"]["steps"] == separate.summary["best_eval_steps"] == int(best["steps"])
     assert state["progress"]["best_eval_return"] == separate.summary["best_eval_return"]
     again = phalanx.evaluate(separate.run_dir, episodes=3, checkpoint="best")

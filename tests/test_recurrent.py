@@ -232,12 +232,12 @@ def trained(tmp_path_factory):
 
 
 def network_state(run_dir):
-    return load_checkpoint(phalanx.agent._checkpoint_path(run_dir, "latest"))["algorithm"]["network"]
+    return load_checkpoint(phalanx.agent.resolve_checkpoint(run_dir, "latest"))["algorithm"]["network"]
 
 
 def test_resume_continues_exactly(tmp_path, trained):
     half = phalanx.train(config(tmp_path, "half", normalize_obs=True, total_steps=256), show_progress=False)
-    state = load_checkpoint(phalanx.agent._checkpoint_path(half.run_dir, "latest"))
+    state = load_checkpoint(phalanx.agent.resolve_checkpoint(half.run_dir, "latest"))
     assert state["worker"]["memory"].shape == (4, 2, 8) and state["worker"]["episode_starts"].shape == (4,)
     resumed = phalanx.resume(half.run_dir, total_steps=512, show_progress=False)
     a, b = network_state(trained.run_dir), network_state(resumed.run_dir)
@@ -279,7 +279,7 @@ def test_copies_evaluated_side_by_side_each_get_their_own_evaluation(trained, tm
     run_config = dataclasses.replace(run_config, eval_batch=2, normalize_obs=False)
     evaluator = CopiesEvaluator(run_config, seed=5)
     try:
-        state = load_checkpoint(phalanx.agent._checkpoint_path(trained.run_dir, "latest"))["algorithm"]
+        state = load_checkpoint(phalanx.agent.resolve_checkpoint(trained.run_dir, "latest"))["algorithm"]
         other = RecurrentPPO(run_config.hyperparameters, *evaluator.spaces, "cpu").state_dict()
         alone = [evaluator.evaluate([{"algorithm": copy, "obs_statistics": None}]) for copy in (state, other)]
         together = evaluator.evaluate(

@@ -35,7 +35,7 @@ def small_config(tmp_path, name="run", **overrides):
 
 
 def parameters(run_dir, which="latest"):
-    state = load_checkpoint(phalanx.agent._checkpoint_path(run_dir, which))
+    state = load_checkpoint(phalanx.agent.resolve_checkpoint(run_dir, which))
     return {**state["algorithm"]["policy"], **{"v." + k: v for k, v in state["algorithm"]["value"].items()}}
 
 
