@@ -1,6 +1,6 @@
 """The compiled update computes what the eager update computes, within float rounding, on the same state.
 
-A compiled gradient step (``phalanx.optim.GradientStep``) differentiates the loss with torch.func over
+A compiled gradient step (``phalanx.gradient_step.GradientStep``) differentiates the loss with torch.func over
 the optimiser's flat parameter buffer and applies torch's Adam/RMSprop rule to the optimiser's own state
 tensors: one update of PPO (discrete and continuous actions), A2C and the vectorized PPO population
 must end where the eager update ends, checkpoints must cross between the modes, and an annealed
@@ -23,8 +23,9 @@ import phalanx
 from phalanx.algos.ppo import A2C, PPO
 from phalanx.buffers import SCAN_MAX_ENVS, RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.compiling import compile_problem
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import mlp
-from phalanx.optim import FlatAdam, FlatRMSprop, GradientStep, clip_grad_norm, gradients
+from phalanx.optim import FlatAdam, FlatRMSprop, clip_grad_norm, gradients
 from phalanx.population.vectorized import VectorizedPPO
 
 PROBLEM = compile_problem(torch.device("cpu"))

@@ -296,7 +296,7 @@ def test_shared_encoder_runs_once_and_the_function_step_matches_the_eager_one(ac
     """With a shared encoder the loss runs the trunk once for both heads; the gradient step as one
     function (GradientStep, the compiled update's, run eagerly here) gives what the eager step gives,
     and both change the encoder."""
-    from phalanx.optim import GradientStep
+    from phalanx.gradient_step import GradientStep
 
     torch.manual_seed(1)
     config = PPOConfig(hidden_sizes=(16,))

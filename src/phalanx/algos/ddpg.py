@@ -20,7 +20,7 @@ Every random draw goes through the learner's :class:`Draws`, so that each member
 draw exactly what its own single run draws, and all of an update's draws are taken first
 (:meth:`EnsembleCriticRule.draw`): the critics' and the actor's losses are then functions of tensors,
 which the learner minimises eagerly (the reference) or as one compiled graph each
-(:class:`~phalanx.optim.GradientStep`, after ``compile()``).
+(:class:`~phalanx.gradient_step.GradientStep`, after ``compile()``).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from phalanx.algos.base import (
 )
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
-from phalanx.optim import GradientStep, make_adam
+from phalanx.optim import make_adam
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
 Tensor = torch.Tensor
@@ -334,7 +335,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
 
     def compile(self) -> list[str]:
         """Run :meth:`update`'s two gradient steps compiled from now on, each as one graph
-        (:class:`~phalanx.optim.GradientStep`): the critics' (TD target, loss, gradient, Adam) and the
+        (:class:`~phalanx.gradient_step.GradientStep`): the critics' (TD target, loss, gradient, Adam) and the
         actor's. The random draws stay outside, taken eagerly as the eager update takes them
         (:meth:`EnsembleCriticRule.draw`); the target networks' Polyak step stays one foreach op, SAC's
         temperature step a fused Adam step of one number. Learners of a data-parallel group step eagerly

@@ -29,8 +29,9 @@ from phalanx.algos.base import (
 )
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import activation_class, feature_encoder, layer_init, mlp
-from phalanx.optim import GradientStep, make_adam
+from phalanx.optim import make_adam
 
 
 @dataclass
@@ -233,7 +234,7 @@ class DQN(OffPolicyAlgorithm):
 
     def compile(self) -> list[str]:
         """Run :meth:`update`'s gradient step (TD target, Huber loss, gradient, clipping, Adam) as one
-        compiled graph from now on (:class:`~phalanx.optim.GradientStep`); the target network's update
+        compiled graph from now on (:class:`~phalanx.gradient_step.GradientStep`); the target network's update
         stays one foreach op. Learners of a data-parallel group step eagerly (their gradients are
         averaged between backward and clipping)."""
         if self.gradient_step is None:

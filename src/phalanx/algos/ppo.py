@@ -12,7 +12,8 @@ the batch, one hyperparameter value per member; see its docstring). :meth:`PPO.u
    with optional value clipping, gradient-norm clipping and a KL early stop.
 
 :meth:`PPO.compile` runs each minibatch's gradient step (loss, gradient, clipping, the optimiser's
-step) as one compiled graph (:class:`~phalanx.optim.GradientStep`); the eager step stays the reference.
+step) as one compiled graph (:class:`~phalanx.gradient_step.GradientStep`); the eager step stays the
+reference.
 A2C is the same machinery with one full-batch pass, the plain policy-gradient loss (``clip_range``
 None) and RMSprop. The vectorized population (:mod:`phalanx.population.vectorized`) drives the same
 rule for P members.
@@ -30,6 +31,7 @@ from torch import nn
 from phalanx.algos.actor_critic_config import A2CConfig, ActorCriticConfig, PPOConfig
 from phalanx.algos.base import ActingModule, Algorithm
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
     CategoricalPolicy,
     GaussianPolicy,
@@ -40,7 +42,7 @@ from phalanx.nets import (
     head_on_features,
     multi_discrete_sizes,
 )
-from phalanx.optim import GradientStep, make_adam, make_rmsprop
+from phalanx.optim import make_adam, make_rmsprop
 
 Tensor = torch.Tensor
 PolicyHead = CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy
@@ -309,7 +311,8 @@ class PPO(Algorithm):
     def compile(self) -> list[str]:
         """Run :meth:`update` compiled from now on: each minibatch's gradient step (gathering the
         minibatch, :func:`actor_critic_loss`, its gradient, clipping and the optimiser's step) as one
-        graph (:class:`~phalanx.optim.GradientStep`), GAE as :func:`~phalanx.buffers.compute_gae_scan`.
+        graph (:class:`~phalanx.gradient_step.GradientStep`), GAE as
+        :func:`~phalanx.buffers.compute_gae_scan`.
 
         Shapes are static: a last minibatch of another size (``minibatch_size`` not dividing the
         rollout) compiles a second graph once, on the first update, and both are reused. Learners of a

@@ -30,6 +30,7 @@ from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan, observ
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
     MemberActor,
     MemberCategoricalPolicy,
@@ -37,7 +38,6 @@ from phalanx.nets import (
     MemberValueNet,
 )
 from phalanx.optim import (
-    GradientStep,
     VectorizedAdam,
     clip_member_grad_norm,
     flatten_parameters,
@@ -161,7 +161,7 @@ class VectorizedPPO(VectorizedPopulation):
     def compile(self) -> list[str]:
         """Run the members' update compiled from now on, as :meth:`PPO.compile` does: each minibatch's
         gradient step of every member (loss, gradients, per-member clipping, the VectorizedAdam step with
-        a learning rate per member) as one graph (:class:`~phalanx.optim.GradientStep`), GAE as
+        a learning rate per member) as one graph (:class:`~phalanx.gradient_step.GradientStep`), GAE as
         :func:`~phalanx.buffers.compute_gae_scan`. The hyperparameters are tensor inputs (mutating them
         compiles nothing), except whether any member clips values, which selects the loss's branch: a
         change of that compiles a second graph once."""

@@ -46,8 +46,9 @@ from phalanx.buffers import ReplayBatch, ReplayBuffer, observation_dtype
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
+from phalanx.gradient_step import GradientStep
 from phalanx.nets import EnsembleMLP
-from phalanx.optim import GradientStep, VectorizedAdam, flatten_parameters, load_adam_state
+from phalanx.optim import VectorizedAdam, flatten_parameters, load_adam_state
 from phalanx.population.vectorized_base import SingleLayout, VectorizedPopulation, ensemble_linear_weights
 
 GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -115,7 +116,7 @@ class MemberFlat:
 
     def compile(self, modules: Sequence[nn.Module], loss: Callable[..., tuple[Tensor, Any]]) -> None:
         """Minimise ``loss`` (the one :meth:`minimise` is given) with ``modules`` as one compiled graph
-        from now on (:class:`~phalanx.optim.GradientStep` on this flat's VectorizedAdam)."""
+        from now on (:class:`~phalanx.gradient_step.GradientStep` on this flat's VectorizedAdam)."""
         if self.gradient_step is None:
             self.gradient_step = GradientStep(self.optimizer, modules, loss)
             self.gradient_step.compile()
