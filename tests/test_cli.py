@@ -63,7 +63,7 @@ def test_eval_video_checks_that_the_env_draws_before_it_evaluates(tmp_path, caps
         run = tmp_path / "run"
         assert run_cli(capsys, "train", "ppo", "MyCartPole-v0", *SMALL, "--run-dir", str(run))[0] == 0
         evaluated = []
-        monkeypatch.setattr("phalanx.cli.evaluate", lambda *args: evaluated.append(args))
+        monkeypatch.setattr("phalanx.cli.evaluation.evaluate", lambda *args: evaluated.append(args))
         code, out = run_cli(capsys, "eval", str(run), "--video")
         assert code == 2 and "cannot render 'MyCartPole-v0'" in out and not evaluated
     finally:

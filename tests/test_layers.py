@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors and files", ("errors", "files", "compiling")),
     ("algorithm table", ("registry",)),
     ("config", ("config", "config.*")),
-    ("market data", ("finance", "finance.data", "finance.indicators", "finance.metrics")),
+    ("market data", ("finance", "finance.*")),
     (
         "environments, worker pool, networks, buffers, optimisers",
         (
@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "marl.core",
             "marl.mpe",
             "marl.adapters",
+            "marl.adapters.*",
             "marl.check",
             "marl.registry",
             "marl.buffers",
@@ -304,18 +305,7 @@ def test_no_private_names_imported():
 
 MAX_LINES = 600
 KNOWN_LONG = {
-    "src/phalanx/buffers.py": 857,
-    "src/phalanx/cli.py": 989,
     "src/phalanx/config.py": 661,
-    "src/phalanx/envs/check.py": 708,
-    "src/phalanx/envs/core.py": 700,
-    "src/phalanx/envs/workers.py": 981,
-    "src/phalanx/envs/wrappers.py": 887,
-    "src/phalanx/finance/data.py": 855,
-    "src/phalanx/marl/adapters.py": 932,
-    "src/phalanx/nets.py": 940,
-    "src/phalanx/population/orchestrator.py": 753,
-    "src/phalanx/population/vectorized_base.py": 680,
     "src/phalanx/tuning.py": 933,
 }
 """Issue 37, still open: modules over the limit, each with the most lines it may have until it is split.

@@ -187,7 +187,7 @@ def test_multi_agent_replay_that_does_not_fit_is_refused_with_bytes_and_fix(monk
     spec = MultiAgentSpec.of(SimpleTag(num_envs=4))  # two groups of different observation sizes
     memory = MultiAgentReplayBuffer.memory(40, 4, spec, "cpu")
     assert memory.needed == MultiAgentReplayBuffer(40, 4, spec, "cpu").nbytes
-    monkeypatch.setattr("phalanx.buffer_memory.available_memory", lambda device: 2**20)
+    monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: 2**20)
     fits = int(0.9 * 2**20 / memory.per_transition)
     with pytest.raises(ConfigError, match=rf"adversary: 3 agents.*lower --buffer-size to at most {fits:,} "):
         MultiAgentReplayBuffer(10**6, 4, spec, "cpu")

@@ -80,7 +80,7 @@ HUMANOID_BYTES = 1_000_000 * (2 * 348 * 4 + 17 * 4 + 4 + 1 + 1)
 
 
 def fake_memory(monkeypatch, available):
-    monkeypatch.setattr("phalanx.buffer_memory.available_memory", lambda device: available)
+    monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: available)
 
 
 def humanoid_replay(members=1):

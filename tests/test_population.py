@@ -140,7 +140,7 @@ def test_replays_the_process_backend_holds_at_once_must_fit_together_before_any_
 ):
     """Each member process allocates its own replay and checks it alone: 3 at once fit one by one in 64
     MiB, not together. The population is refused before anything starts, with the sums and the fix."""
-    monkeypatch.setattr("phalanx.buffer_memory.available_memory", lambda device: 64 * 2**20)
+    monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: 64 * 2**20)
     directory = tmp_path / "pop"
     with pytest.raises(ConfigError) as error:
         run_population(sac_population(directory, "process", max_concurrent=3), show_progress=False)
@@ -160,7 +160,7 @@ def test_the_replays_counted_are_those_each_backend_holds_at_once(tmp_path, monk
     from phalanx.population.backends import make_backend
     from phalanx.population.orchestrator import Orchestrator
 
-    monkeypatch.setattr("phalanx.buffer_memory.available_memory", lambda device: 64 * 2**20)
+    monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: 64 * 2**20)
 
     def check(backend: str, max_concurrent: int | None) -> None:
         config = sac_population(tmp_path / backend, backend, max_concurrent=max_concurrent)
@@ -175,7 +175,7 @@ def test_the_replays_counted_are_those_each_backend_holds_at_once(tmp_path, monk
     check("process", max_concurrent=1)  # one process: its own check is the whole of it
     with pytest.raises(ConfigError, match="the serial backend holds 4 members at once"):
         check("serial", max_concurrent=1)  # one at a time, but each member keeps its trainer here
-    monkeypatch.setattr("phalanx.buffer_memory.available_memory", lambda device: 2**30)
+    monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: 2**30)
     check("process", max_concurrent=None)  # 4 x 34 MB fit in 1 GiB
 
 

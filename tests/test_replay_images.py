@@ -16,7 +16,7 @@ from phalanx.buffers import (
     ReplayBuffer,
     RolloutBuffer,
     make_replay_buffer,
-    observation_dtype,
+    storage_dtype,
 )
 from phalanx.config import make_config
 from phalanx.envs.core import BatchedVecEnv
@@ -29,14 +29,14 @@ torch.set_num_threads(1)
 
 
 # -- observation dtypes ----------------------------------------------------------------------------------
-def test_observation_dtype_keeps_the_space_dtype_and_flattens_dicts_to_float32():
+def test_storage_dtype_keeps_the_space_dtype_and_flattens_dicts_to_float32():
     image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    assert observation_dtype(image) == torch.uint8
-    assert observation_dtype(gym.spaces.Box(0, 1, (3,), np.float32)) == torch.float32
-    assert observation_dtype(gym.spaces.MultiBinary(5)) == torch.int8
-    assert observation_dtype(gym.spaces.Box(0, 9, (3,), np.int64)) == torch.int64
-    assert observation_dtype(gym.spaces.Box(0, 1, (3,), np.bool_)) == torch.bool
-    assert observation_dtype(gym.spaces.Dict({"a": image, "b": gym.spaces.Discrete(3)})) == torch.float32
+    assert storage_dtype(image) == torch.uint8
+    assert storage_dtype(gym.spaces.Box(0, 1, (3,), np.float32)) == torch.float32
+    assert storage_dtype(gym.spaces.MultiBinary(5)) == torch.int8
+    assert storage_dtype(gym.spaces.Box(0, 9, (3,), np.int64)) == torch.int64
+    assert storage_dtype(gym.spaces.Box(0, 1, (3,), np.bool_)) == torch.bool
+    assert storage_dtype(gym.spaces.Dict({"a": image, "b": gym.spaces.Discrete(3)})) == torch.float32
 
 
 def test_rollout_buffer_stores_uint8_and_loads_an_old_float32_state():

@@ -40,8 +40,9 @@ import numpy as np
 import torch
 
 from phalanx.envs.core import VecEnv
-from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
-from phalanx.envs.wrappers import FrameStack
+from phalanx.envs.gymnasium import GymnasiumVecEnv
+from phalanx.envs.observation_wrappers import FrameStack
+from phalanx.envs.processes import ProcessVecEnv
 from phalanx.errors import EnvError, import_optional
 
 __all__ = [

@@ -30,7 +30,7 @@ import torch
 from gymnasium import spaces
 
 from phalanx.envs.core import BatchedVecEnv, Tensor
-from phalanx.envs.wrappers import MaskVelocity
+from phalanx.envs.observation_wrappers import MaskVelocity
 
 
 class _ClassicEnv(BatchedVecEnv):

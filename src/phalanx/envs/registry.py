@@ -32,9 +32,10 @@ from phalanx.config import import_user_module
 from phalanx.envs.atari import atari_game_ids, is_atari_id, make_atari_env
 from phalanx.envs.classic import CLASSIC_ENVS, MEMORY_ENVS
 from phalanx.envs.core import VecEnv
+from phalanx.envs.gymnasium import GymnasiumVecEnv
 from phalanx.envs.gymnasium_ids import gymnasium_extra, gymnasium_unavailable
+from phalanx.envs.processes import ProcessVecEnv
 from phalanx.envs.trading import StockTradingVecEnv
-from phalanx.envs.workers import GymnasiumVecEnv, ProcessVecEnv
 from phalanx.errors import EnvError, import_optional
 from phalanx.registry import resolve
 

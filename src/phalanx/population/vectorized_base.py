@@ -26,7 +26,9 @@ parameters after training equal (within float rounding: batched matmul against `
 
 :class:`VectorizedPopulation` is what every vectorized population shares (seeds and generators, member
 hyperparameter tensors, the member env, evaluation, copying members, the state dict, a member as a
-single run's checkpoint); a subclass adds its algorithm's networks, collection and learning step.
+single run's checkpoint); a subclass adds its algorithm's networks, collection and learning step. The
+member env's wrappers are in :mod:`phalanx.population.member_env`, and the layout that reads a member
+back as its single run's tensors in :mod:`phalanx.population.member_layout`.
 
 Cost: every op is batched over the members except the random draws, one small call per member (the
 action noise and the env's reset draws each env step, the shuffles each update), the price of giving each
@@ -48,85 +50,24 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
-from torch import nn
 
 from phalanx.algos.base import Algorithm
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor, VecEnv, as_device, block_seeds
-from phalanx.envs.registry import make_env
-from phalanx.envs.wrappers import (
-    MemberNormalizeObservation,
-    NanGuard,
-    RescaleAction,
-    RunningMeanStd,
-    ScaleReward,
-    VecEnvWrapper,
-    find_wrapper,
-    needs_action_map,
-)
+from phalanx.envs.wrappers import MemberNormalizeObservation, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.nets import (
-    EnsembleLinear,
-    observation_kind,
-)
-from phalanx.train.environments import EVAL_SEED_OFFSET, nan_check_every, space_spec
+from phalanx.population.member_env import MemberScaleReward, build_member_env, check_batchable
+from phalanx.population.member_layout import SingleLayout, ensemble_linear_weights
+from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
 from phalanx.train.evaluator import Evaluator
 
-
-def check_batchable(algo: str, observation_space: gym.Space, action_space: gym.Space) -> None:
-    """A ConfigError where the vectorized backend cannot batch the members' networks: it stacks their
-    MLPs into ensembles (``EnsembleMLP``), which have no observation encoder (images, Dict observations)
-    and no MultiDiscrete head."""
-    kind = observation_kind(observation_space)
-    if kind != "flat":
-        what = "image observations" if kind == "image" else "Dict observations"
-        raise ConfigError(
-            f"backend 'vectorized' batches the members' MLPs as one ensemble network, which has no encoder "
-            f"for the {what} of {observation_space}. Use the process backend (--backend process; also "
-            f"serial or ray), which trains each member as a single {algo} run with its encoder."
-        )
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        raise ConfigError(
-            f"backend 'vectorized' batches the members' policies as ensembles of categorical or Gaussian "
-            f"heads, not the MultiDiscrete action space {action_space}. Use the process backend "
-            f"(--backend process; also serial or ray), which trains each member as a single {algo} run."
-        )
-
-
-# -- per-member scaling of the rewards --------------------------------------------------------------
-
-
-class MemberScaleReward(ScaleReward):
-    """ScaleReward with a discount and return statistics of their own for each member's block of rows.
-
-    ``gamma`` is the population's ``(P,)`` float64 discount tensor, read at every step (a member's new
-    gamma applies from the next step, as it would after a single run reloaded its config). Reset and
-    state dict are ScaleReward's.
-    """
-
-    def __init__(
-        self, env: VecEnv, num_members: int, gamma: Tensor, clip: float = 10.0, epsilon: float = 1e-8
-    ) -> None:
-        VecEnvWrapper.__init__(self, env)  # not ScaleReward's: its gamma and statistics are scalars
-        self.num_members = num_members
-        self.gamma = gamma  # type: ignore[assignment]  # (P,) float64, shared with the population
-        self.clip = clip
-        self.epsilon = epsilon
-        self.update = True
-        self.statistics = RunningMeanStd((num_members,), self.device)
-        self.returns = torch.zeros(self.num_envs, dtype=self.statistics.dtype, device=self.device)  # (P * N,)
-
-    def _transition(
-        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        by_member = (self.num_members, -1)
-        gamma: Tensor = self.gamma  # type: ignore[assignment]
-        self.returns = (self.returns.view(by_member) * gamma.unsqueeze(1)).view(-1) + reward
-        self.statistics.update(self.returns.view(by_member).T)  # (N, P)
-        scale = torch.sqrt(self.statistics.var + self.epsilon).to(reward.dtype)  # (P,)
-        scaled = (reward.view(by_member) / scale.unsqueeze(1)).view(-1).clamp(-self.clip, self.clip)
-        self.returns.masked_fill_(terminated | truncated, 0.0)
-        return obs, scaled, terminated, truncated, info
+__all__ = [  # with the names of member_env and member_layout that were defined here before
+    "MemberScaleReward",
+    "SingleLayout",
+    "VectorizedPopulation",
+    "check_batchable",
+    "ensemble_linear_weights",
+]
 
 
 # -- what every vectorized population shares ----------------------------------------------------------
@@ -395,18 +336,11 @@ class VectorizedPopulation:
     def _build_env(self, num_envs: int, training: bool) -> VecEnv:
         """``build_env``'s wrapper chain (NaN guard when training, actions in [-1, 1], normalisation) over
         ``num_envs`` rows, with the normalisation statistics per member."""
-        config = self.config
-        env = make_env(config.env, num_envs=num_envs, device=self.device)
-        if training:  # on an accelerator, reads its record once per rollout on-policy, as a run's does
-            env = NanGuard(env, check_every=nan_check_every(config))
-        if needs_action_map(env.single_action_space):
-            env = RescaleAction(env)
-        if config.normalize_obs:
-            statistics = None if training else self.obs_statistics
-            env = MemberNormalizeObservation(env, self.num_members, statistics=statistics, update=training)
-        if config.normalize_reward and training:
-            env = MemberScaleReward(env, self.num_members, self.hyperparameter_tensors["gamma"])
-        return env
+        statistics = None if training else self.obs_statistics
+        gamma = self.hyperparameter_tensors["gamma"]
+        return build_member_env(
+            self.config, num_envs, self.device, self.num_members, training, statistics, gamma
+        )
 
     def _env_seeds(self, offset: int, rows_per_member: int) -> int | list[int]:
         """``reset(seed=...)`` giving each member's rows what a single env seeded ``seed + offset`` gets."""
@@ -623,58 +557,3 @@ def _encode(value: float | None) -> float:
 def _decode(value: float, optional: bool) -> float | None:
     """A tensor entry as a hyperparameter value: +inf as None for an ``optional`` one."""
     return None if optional and math.isinf(value) else value
-
-
-def ensemble_linear_weights(*modules: nn.Module) -> set[int]:
-    """Ids of the EnsembleLinear weights in ``modules`` (``(P, in, out)``: an nn.Linear weight transposed)."""
-    return {
-        id(layer.weight)
-        for module in modules
-        for layer in module.modules()
-        if isinstance(layer, EnsembleLinear)
-    }
-
-
-class SingleLayout:
-    """Where each parameter of a single run sits in its member's rows of a flat ``(rows, D)`` buffer
-    (:func:`~phalanx.optim.flatten_parameters`), to read a member back as its single run's tensors.
-
-    ``member_parameters`` are the member-batched parameters in the buffer's order, ``rows_per_member`` rows
-    per member (K for an ensemble of K critics); ``single_parameters`` the single run's, in the same order;
-    ``transposed`` the ids of member weights whose single counterpart is an ``nn.Linear`` weight.
-    """
-
-    def __init__(
-        self,
-        member_parameters: Sequence[nn.Parameter],
-        single_parameters: Sequence[nn.Parameter],
-        transposed: set[int],
-        rows_per_member: int = 1,
-    ) -> None:
-        self.rows_per_member = rows_per_member
-        self.entries: list[tuple[int, int, tuple[int, ...], tuple[int, ...], bool]] = []
-        start = 0
-        for member_parameter, single_parameter in zip(member_parameters, single_parameters, strict=True):
-            size = member_parameter[0].numel()
-            if size * rows_per_member != single_parameter.numel():
-                raise AssertionError(
-                    f"member parameter {tuple(member_parameter.shape)} vs {tuple(single_parameter.shape)}"
-                )
-            member_shape, single_shape = tuple(member_parameter.shape[1:]), tuple(single_parameter.shape)
-            transpose = id(member_parameter) in transposed
-            self.entries.append((start, start + size, member_shape, single_shape, transpose))
-            start += size
-
-    def tensors(self, rows: Tensor) -> list[Tensor]:
-        """A member's rows of the buffer (or of an Adam moment), ``(rows_per_member, D)`` or ``(D,)``, as
-        the single run's tensors, in their order and layout."""
-        rows = rows.reshape(self.rows_per_member, -1)
-        tensors = []
-        for start, end, member_shape, single_shape, transpose in self.entries:
-            tensor = rows[:, start:end].reshape(-1, *member_shape)
-            tensors.append((tensor.transpose(-2, -1) if transpose else tensor).reshape(single_shape))
-        return tensors
-
-    def flat(self, rows: Tensor) -> Tensor:
-        """A member's rows laid out as its single run's flat optimiser buffer (``make_adam``'s)."""
-        return torch.cat([tensor.reshape(-1) for tensor in self.tensors(rows)])

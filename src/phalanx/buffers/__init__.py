@@ -1,0 +1,47 @@
+"""Storage on the training device: on-policy rollouts with GAE, and the off-policy replay buffers.
+
+Everything stays on one device as preallocated tensors: writing a step is a few ``copy_`` calls and
+computing advantages is a short loop of elementwise kernels, with no host synchronisation.
+
+- :mod:`~phalanx.buffers.rollout`: :class:`RolloutBuffer`, :func:`compute_gae`, :func:`compute_gae_scan`;
+- :mod:`~phalanx.buffers.replay`: :class:`ReplayRing` (the base of both replays), :class:`ReplayBuffer`,
+  n-step sampling (:class:`NStepWindow`, :class:`ReplayBatch`);
+- :mod:`~phalanx.buffers.compact`: :class:`CompactReplayBuffer`, for images;
+- :mod:`~phalanx.buffers.choice`: which replay a space gets, in which dtype (:func:`storage_dtype`);
+- :mod:`~phalanx.buffers.memory`: what a replay takes, and the error before one that does not fit.
+"""
+
+from __future__ import annotations
+
+from phalanx.buffers.choice import make_replay_buffer, replay_choice, replay_memory, storage_dtype
+from phalanx.buffers.compact import WORDS, CompactReplayBuffer
+from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
+from phalanx.buffers.replay import NStepWindow, ReplayBatch, ReplayBuffer, ReplayRing, load_fields
+from phalanx.buffers.rollout import SCAN_MAX_ENVS, RolloutBuffer, compute_gae, compute_gae_scan
+
+observation_dtype = storage_dtype
+"""The old name of :func:`storage_dtype` (not :func:`phalanx.envs.core.observation_dtype`, the numpy dtype
+of a VecEnv's observation arrays), kept while population/ and train/ import it."""
+
+__all__ = [
+    "SCAN_MAX_ENVS",
+    "WORDS",
+    "CompactReplayBuffer",
+    "NStepWindow",
+    "ReplayBatch",
+    "ReplayBuffer",
+    "ReplayMemory",
+    "ReplayRing",
+    "RolloutBuffer",
+    "check_memory",
+    "compute_gae",
+    "compute_gae_scan",
+    "load_fields",
+    "make_replay_buffer",
+    "observation_dtype",
+    "replay_choice",
+    "replay_layout",
+    "replay_memory",
+    "storage_dtype",
+    "transition_bytes",
+]
