@@ -146,7 +146,7 @@ def test_envs_that_are_not_batched_simulators_evaluate_one_copy_at_a_time(tmp_pa
         trainer.train()
     finally:
         trainer.close()
-    assert trainer.last_evaluation_step == config.total_steps
+    assert trainer.state.last_evaluation_step == config.total_steps
 
 
 def test_stop_return_stops_on_a_result_from_the_evaluation_process(tmp_path):

@@ -9,7 +9,7 @@ module (and the root package ``phalanx``, which every module is in). Imports of 
 
 1. No import cycle among the modules, through the imports that run at import (module level, also inside
    a module-level ``if`` or ``try``; not in functions), nor when the imports under ``if TYPE_CHECKING:``
-   count too (a dependency for a reader and a type checker; :data:`KNOWN_CYCLE_EDGES` are the ones left).
+   count too (a dependency for a reader and a type checker).
 2. Every import (module level, in functions, under TYPE_CHECKING) goes down or sideways in
    :data:`LAYERS`, never up.
 3. No ``from phalanx.x.y import _private``: a name with a leading underscore stays in its module.
@@ -208,16 +208,6 @@ def test_every_module_has_a_layer():
     )
 
 
-TRAINER = "phalanx.train.trainer"
-KNOWN_CYCLE_EDGES = {
-    (f"phalanx.train.{module}", TRAINER)
-    for module in ("collection", "evaluations", "hooks", "loop", "summary", "tracking", "videos")
-}
-"""Issue 37, still open: these modules of train/ type their argument as the Trainer (under TYPE_CHECKING)
-that imports them. Each goes from this set when its module types against a narrow interface instead;
-an entry that no longer exists fails :func:`test_known_cycle_edges_still_exist`, so the set only shrinks."""
-
-
 def module_graph(at_import: bool) -> tuple[dict[str, set[str]], dict[tuple[str, str], Import]]:
     """The modules' imports as a graph: those that run at import (``at_import``), or every module-level one
     (TYPE_CHECKING included); with the statement of each edge."""
@@ -232,18 +222,9 @@ def module_graph(at_import: bool) -> tuple[dict[str, set[str]], dict[tuple[str, 
     return graph, lines
 
 
-def test_known_cycle_edges_still_exist():
-    graph, _ = module_graph(at_import=False)
-    gone = sorted(edge for edge in KNOWN_CYCLE_EDGES if edge[1] not in graph[edge[0]])
-    assert not gone, f"remove these from KNOWN_CYCLE_EDGES in tests/test_layers.py, they are fixed: {gone}"
-
-
 @pytest.mark.parametrize("at_import", [True, False], ids=["at-import", "type-checking-too"])
 def test_no_import_cycle(at_import):
     graph, lines = module_graph(at_import)
-    if not at_import:
-        for importer, target in KNOWN_CYCLE_EDGES:
-            graph[importer].discard(target)
     cycles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []

@@ -339,7 +339,7 @@ def test_a_gru_a2c_run_trains_and_evaluates(tmp_path):
 def test_compile_runs_the_recurrent_path_eagerly_and_says_so(tmp_path):
     trainer = Trainer(config(tmp_path, compile=True, total_steps=128, eval_every=0), show_progress=False)
     try:  # the env step alone: acting with memory and the sequence update stay eager
-        assert trainer.compiled == ["env step"]
+        assert trainer.state.compiled == ["env step"]
         assert trainer.worker.compiled_rollout_step is None and trainer.worker.compiled_act is None
     finally:
         trainer.close()

@@ -193,7 +193,7 @@ class MultiAgentTrainer(Trainer):
         )
         self.eval_env = make_multi_agent_env(config.env, num_envs=config.eval_episodes, device=config.device)
         self.spec = MultiAgentSpec.of(self.env)
-        self.algorithm = self.new_algorithm()
+        self.algorithm = self.new_algorithm(config.hyperparameters)
         self.obs_statistics = None
         self.statistics_syncs = []
         self.step_size = config.num_envs
@@ -239,8 +239,8 @@ class MultiAgentTrainer(Trainer):
             "eval_team_returns": evaluation.teams if evaluation else None,
         }
 
-    def new_algorithm(self) -> MultiAgentAlgorithm:
-        return get_algorithm(self.config.algo)(self.config.hyperparameters, self.spec, self.device)
+    def new_algorithm(self, hyperparameters: Any) -> MultiAgentAlgorithm:
+        return get_algorithm(self.config.algo)(hyperparameters, self.spec, self.device)
 
     def video_episode(self, seed: int) -> MultiAgentEpisode:
         """The current policies' deterministic episode from ``seed``, drawn frame by frame (for

@@ -37,7 +37,7 @@ from phalanx.envs.registry import register_env
 from phalanx.errors import CheckpointError, ConfigError, import_optional
 from phalanx.registry import trainer_class
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
-from phalanx.train.handover import HandOver
+from phalanx.train.handover import adopt
 from phalanx.train.interrupts import received_signal, stop_signals_interrupt, supervised
 from phalanx.train.launch import available_cores, exit_when_closed
 from phalanx.train.loop import TrainingInterrupted
@@ -95,13 +95,11 @@ class Member:
             for env_id, factory in task.envs.items():
                 register_env(env_id, factory, overwrite=True)
             trainer = self._trainer_for(task)
-            hooks = []
             if task.donor is not None:
-                hooks.append(HandOver(_load_donor(task.donor), task.hyperparameters, steps=task.start_steps))
+                adopt(trainer, _load_donor(task.donor), task.hyperparameters, steps=task.start_steps)
             elif task.hyperparameters:
-                hooks.append(HandOver(None, task.hyperparameters))
-            trainer.config.total_steps = task.target
-            summary = trainer.train(hooks).summary
+                adopt(trainer, None, task.hyperparameters)
+            summary = trainer.train(total_steps=task.target).summary
             self.rng = _rng_state(trainer.device)
         except TrainingInterrupted as interrupted:
             self.close()
@@ -133,7 +131,9 @@ class Member:
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
         run_dir = Path(config.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = trainer_class(config.algo)(config, run_dir=run_dir, show_progress=False)
+        trainer = trainer_class(config.algo)(
+            config, run_dir=run_dir, show_progress=False, stop_requested=self.stop_requested
+        )
         latest = trainer.checkpoints.latest()
         if latest is not None:  # this member trained before (elsewhere, or before a crash or resume)
             try:
@@ -141,7 +141,6 @@ class Member:
             except BaseException:
                 trainer.close()
                 raise
-        trainer.stop_requested = self.stop_requested
         self.trainer, self.member = trainer, task.member
         return trainer
 

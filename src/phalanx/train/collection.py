@@ -20,25 +20,43 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from phalanx.envs.workers import ProcessVecEnv
-from phalanx.train.learner import LearnerGroup
+from phalanx.train.learner import Learner, LearnerGroup
 from phalanx.train.pipeline import Pipeline, Step
-from phalanx.train.worker import Transition
+from phalanx.train.worker import Transition, Worker
 
 if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+    from phalanx.algos.base import Algorithm
+    from phalanx.config import TrainConfig
+    from phalanx.envs.core import VecEnv
+    from phalanx.train.state import RunState
 
 Metrics = dict[str, torch.Tensor]
+
+
+class Parts(Protocol):
+    """What a collection strategy uses of the run (the trainer): its parts, and the two counters of its
+    state the strategy writes, ``steps`` and ``updates_owed``."""
+
+    config: TrainConfig
+    group: LearnerGroup | None
+    env: VecEnv
+    algorithm: Algorithm
+    worker: Worker
+    learner: Learner
+    buffer: Any  # the rollout or replay buffer the worker fills
+    step_size: int
+    state: RunState
 
 
 class Collection:
     """One iteration of the loop (:meth:`iterate`: collect, learn) and what saving needs of it."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Parts) -> None:
         self.trainer = trainer
 
     def iterate(self) -> Metrics:
@@ -67,15 +85,15 @@ class Rollouts(Collection):
     def iterate(self) -> Metrics:
         trainer = self.trainer
         trainer.worker.collect(trainer.buffer)
-        trainer.steps += trainer.config.hyperparameters.horizon * trainer.step_size
-        return trainer.learner.update(progress=min(trainer.steps / trainer.config.total_steps, 1.0))
+        trainer.state.steps += trainer.config.hyperparameters.horizon * trainer.step_size
+        return trainer.learner.update(progress=min(trainer.state.steps / trainer.config.total_steps, 1.0))
 
 
 class EnvSteps(Collection):
     """Off-policy: one step of every sub-env into the replay buffer, then ``num_envs * updates_per_step``
     updates (fractions carried to the next step in the trainer's ``updates_owed``)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Parts) -> None:
         super().__init__(trainer)
         self.updates_due = 0  # gradient steps owed to the steps stored, not made yet
         self.progress = 0.0  # the fraction of the budget spent when the last step was stored
@@ -85,7 +103,7 @@ class EnvSteps(Collection):
         trainer = self.trainer
         hp = trainer.config.hyperparameters
         return self.learn_from(
-            trainer.worker.transition(trainer.steps, random=trainer.steps < hp.learning_starts)
+            trainer.worker.transition(trainer.state.steps, random=trainer.state.steps < hp.learning_starts)
         )
 
     @contextlib.contextmanager
@@ -105,14 +123,14 @@ class EnvSteps(Collection):
         """Store one VecEnv step and add the updates it is owed to :attr:`updates_due`."""
         trainer = self.trainer
         config, hp = trainer.config, trainer.config.hyperparameters
-        self.progress = min(trainer.steps / config.total_steps, 1.0)
+        self.progress = min(trainer.state.steps / config.total_steps, 1.0)
         trainer.worker.store(trainer.buffer, transition)
-        trainer.steps += trainer.step_size
+        trainer.state.steps += trainer.step_size
         if len(trainer.buffer) < self.update_threshold:
             return
-        trainer.updates_owed += config.num_envs * hp.updates_per_step
-        updates = int(trainer.updates_owed)
-        trainer.updates_owed -= updates
+        trainer.state.updates_owed += config.num_envs * hp.updates_per_step
+        updates = int(trainer.state.updates_owed)
+        trainer.state.updates_owed -= updates
         if hp.max_updates_per_step is not None:
             updates = min(updates, hp.max_updates_per_step)
         self.updates_due += updates
@@ -154,7 +172,7 @@ class ProcessPipeline(EnvSteps):
     counts the steps stored, so the last step is sent only while the budget lasts.
     """
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Parts) -> None:
         super().__init__(trainer)
         self.received: Transition | None = None  # the last step made, stored next
 
@@ -162,11 +180,11 @@ class ProcessPipeline(EnvSteps):
         trainer = self.trainer
         hp = trainer.config.hyperparameters
         previous = self.received  # cleared just before it is stored: Ctrl+C in send() loses nothing
-        if previous is not None and trainer.steps + trainer.step_size >= trainer.config.total_steps:
+        if previous is not None and trainer.state.steps + trainer.step_size >= trainer.config.total_steps:
             self.received = None
             self.store(previous)  # the budget's last step: nothing left to send
             return self.settle()
-        sent_at = trainer.steps + (trainer.step_size if previous is not None else 0)
+        sent_at = trainer.state.steps + (trainer.step_size if previous is not None else 0)
         trainer.worker.send(sent_at, random=sent_at < hp.learning_starts)
         if previous is not None:
             self.received = None
@@ -192,7 +210,7 @@ class ThreadPipeline(EnvSteps):
     """The same steps and updates as :class:`EnvSteps`, with the steps made by the pipeline's worker
     thread while the learner updates."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Parts) -> None:
         super().__init__(trainer)
         config = trainer.config
         self.pipeline = Pipeline(
@@ -200,7 +218,7 @@ class ThreadPipeline(EnvSteps):
             trainer.algorithm,
             queue_size=config.pipeline_queue,
             sync_every=config.sync_every,
-            steps=trainer.steps,
+            steps=trainer.state.steps,
             total_steps=config.total_steps,
             learning_starts=config.hyperparameters.learning_starts,
             updates=trainer.learner.updates,
@@ -245,7 +263,7 @@ class ThreadPipeline(EnvSteps):
         self.pipeline.stop()
 
 
-def choose_collection(trainer: Trainer) -> Collection:
+def choose_collection(trainer: Parts) -> Collection:
     """The strategy for ``trainer``'s algorithm and config (once, when training starts)."""
     if trainer.algorithm.on_policy:
         return Rollouts(trainer)

@@ -9,47 +9,43 @@ order, each logged at the step of the weights it evaluated.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from phalanx.train.environments import to_device
 from phalanx.train.evaluator import Evaluation
-from phalanx.train.hooks import Hook, Schedule
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+from phalanx.train.hooks import BuiltIn
+from phalanx.train.run import Hook, Run
 
 
-class Evaluations(Hook):
+class Evaluations(BuiltIn):
     """Evaluates ``trainer``'s agent on schedule, records and logs every evaluation."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        every = trainer.config.eval_every
+    name = "evaluations"
+
+    def __init__(self, trainer: Run) -> None:
+        super().__init__(trainer, trainer.config.eval_every)
         self.trainer = trainer
-        self.schedule = Schedule(every, next=every if every else math.inf)
         self.copies: dict[int, dict[str, Any]] = {}  # evaluation process: {steps: agent} sent to it
 
-    def after_iteration(self, trainer: Trainer) -> None:
-        if self.schedule.due(trainer.steps):
-            self.schedule.advance(trainer.steps)
-            if trainer.is_main and trainer.eval_process is None:
-                self.log(self.evaluate())
-            elif trainer.is_main:
-                self.send_copy()
-        if trainer.is_main and trainer.eval_process is not None:
-            self.poll()
+    def after_iteration(self, trainer: Run) -> None:
+        if trainer.is_main and trainer.eval_process is None:
+            self.log(self.evaluate())
+        elif trainer.is_main:
+            self.send_copy()
 
-    def finish(self) -> None:
-        """At the end of a run that was not stopped: the evaluations under way, and the final weights'."""
-        trainer = self.trainer
+    def on_finish(self, trainer: Run, interrupted: bool) -> None:
+        """Learner 0, at the end of a ``train`` that was neither interrupted nor stopped at
+        ``stop_return``: the evaluations under way, and the final weights'."""
+        if interrupted or not trainer.is_main or trainer.state.stop_reason == "stop_return":
+            return
         if trainer.eval_process is not None:
             self.poll(wait=True)
-            if trainer.last_evaluation_step != trainer.steps and not self.reached_stop_return():
+            if trainer.state.last_evaluation_step != trainer.steps and not self.reached_stop_return():
                 self.send_copy()
                 self.poll(wait=True)
-        elif trainer.last_evaluation_step != trainer.steps:
+        elif trainer.state.last_evaluation_step != trainer.steps:
             self.log(self.evaluate())
 
     def evaluate(self) -> dict[str, float]:
@@ -92,8 +88,8 @@ class Evaluations(Hook):
         """Take an evaluation of the weights of step ``steps`` (taken ``wall_time`` seconds into the run); a
         new best is saved as the best checkpoint. Returns its row of evaluations.csv."""
         trainer = self.trainer
-        trainer.last_evaluation = evaluation
-        trainer.last_evaluation_step = steps
+        trainer.state.last_evaluation = evaluation
+        trainer.state.last_evaluation_step = steps
         if trainer.evaluator.is_best(evaluation, steps):
             if trainer.eval_process is not None:
                 agent = self.copies[steps]
@@ -118,17 +114,33 @@ class Evaluations(Hook):
         with trainer.collection.drained():  # the worker thread would move the observation statistics
             return trainer.agent_state()
 
+    def results(self) -> Hook:
+        """The hook that takes the evaluation process's results after every iteration (learner 0)."""
+        return EvaluationResults(self)
+
     def reached_stop_return(self) -> bool:
         """Whether the last evaluation reached ``stop_return``; the first time, the time it took is noted."""
         trainer = self.trainer
         stop = trainer.config.stop_return
         if stop is None or trainer.last_evaluation is None or trainer.last_evaluation.mean < stop:
             return False
-        if trainer.time_to_stop_return is None:
-            trainer.time_to_stop_return = trainer.stopwatch()
+        state = trainer.state
+        if state.time_to_stop_return is None:
+            state.time_to_stop_return = trainer.stopwatch()
             trainer.logger.message(
                 f"reached stop_return {stop:g}: eval return {trainer.last_evaluation.mean:.1f} of the "
-                f"weights of step {trainer.last_evaluation_step:,} (result in at step {trainer.steps:,}, "
-                f"after {trainer.time_to_stop_return:.1f} s)"
+                f"weights of step {state.last_evaluation_step:,} (result in at step {trainer.steps:,}, "
+                f"after {state.time_to_stop_return:.1f} s)"
             )
         return True
+
+
+class EvaluationResults(Hook):
+    """With an evaluation process: the results that came in, taken after every iteration (learner 0)."""
+
+    def __init__(self, evaluations: Evaluations) -> None:
+        self.evaluations = evaluations
+
+    def after_iteration(self, trainer: Run) -> None:
+        if trainer.is_main and trainer.eval_process is not None:
+            self.evaluations.poll()

@@ -1,5 +1,5 @@
 """Population-based training's hand-over: a run takes another run's agent and/or new hyperparameters and
-goes on training (:func:`adopt`), as a hook that acts when its next ``train`` starts (:class:`HandOver`)."""
+goes on training (:func:`adopt`, which a population calls before the member's next ``train``)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,9 @@ from typing import TYPE_CHECKING, Any
 from phalanx.algos.base import Algorithm
 from phalanx.errors import ConfigError
 from phalanx.train.environments import to_device
-from phalanx.train.hooks import Hook
 
 if TYPE_CHECKING:
     from phalanx.train.trainer import Trainer
-
-
-class HandOver(Hook):
-    """Before training goes on: :func:`adopt` ``agent`` and/or ``hyperparameters`` (a population member
-    copying a better one, or taking mutated hyperparameters)."""
-
-    def __init__(
-        self,
-        agent: dict[str, Any] | None = None,
-        hyperparameters: dict[str, Any] | None = None,
-        steps: int | None = None,
-    ) -> None:
-        self.agent = agent
-        self.hyperparameters = hyperparameters
-        self.steps = steps
-
-    def on_start(self, trainer: Trainer) -> None:
-        adopt(trainer, self.agent, self.hyperparameters, self.steps)
 
 
 def adopt(
@@ -51,14 +32,14 @@ def adopt(
     if trainer.group is not None:
         raise ConfigError("adopt() is for single-learner runs; a population member has one learner.")
     config = trainer.config
+    new = config.hyperparameters
     if hyperparameters:
-        candidate = dataclasses.replace(
-            config, hyperparameters=dataclasses.replace(config.hyperparameters, **hyperparameters)
-        )
+        candidate = dataclasses.replace(config, hyperparameters=dataclasses.replace(new, **hyperparameters))
         candidate.validate()
-        config.hyperparameters = candidate.hyperparameters
+        new = candidate.hyperparameters
+    _check_buffer(trainer, new)
     old = trainer.algorithm
-    algorithm = trainer.new_algorithm()
+    algorithm = trainer.new_algorithm(new)
     learning_rates = _learning_rates(algorithm)  # from the new hyperparameters
     state = agent["algorithm"] if agent is not None else old.state_dict()
     try:
@@ -72,24 +53,17 @@ def adopt(
     for name, optimizer in algorithm.optimizers().items():
         for group, rate in zip(optimizer.param_groups, learning_rates[name], strict=True):
             group["lr"] = rate
-    trainer.algorithm = trainer.worker.algorithm = trainer.learner.algorithm = algorithm
     statistics = trainer.obs_statistics
     if agent is not None and agent.get("obs_statistics") is not None and statistics is not None:
         statistics.load_state_dict(to_device(agent["obs_statistics"], trainer.device))
-    _keep_buffer(trainer)
-    if steps is not None:
-        trainer.steps = steps
-        trainer.restart_schedules()
+    trainer.hand_over(algorithm, new, steps)
 
 
-def _keep_buffer(trainer: Trainer) -> None:
-    """A rollout buffer of the new horizon (it holds nothing between rollouts); a replay buffer must keep
-    its size (it holds the run's experience)."""
-    config = trainer.config
-    if trainer.algorithm.on_policy and trainer.buffer.horizon != config.hyperparameters.horizon:
-        trainer.buffer = trainer.learner.buffer = trainer.make_buffer()
-    elif not trainer.algorithm.on_policy and trainer.buffer.slots != max(
-        config.hyperparameters.buffer_size // config.num_envs, 1
+def _check_buffer(trainer: Trainer, hyperparameters: Any) -> None:
+    """A replay buffer must keep its size (it holds the run's experience); a rollout buffer is remade
+    for a new horizon by the hand-over (it holds nothing between rollouts)."""
+    if not trainer.algorithm.on_policy and trainer.buffer.slots != max(
+        hyperparameters.buffer_size // trainer.config.num_envs, 1
     ):
         raise ConfigError(
             "buffer_size cannot change while training goes on: the replay buffer holds this run's "

@@ -3,10 +3,12 @@ the run.
 
 How a run collects is chosen once when training starts (:mod:`phalanx.train.collection`): a rollout then
 an update (on-policy), one VecEnv step then its updates (off-policy), or one of the pipelines that step
-the envs while the learner updates. Everything else is a hook (:mod:`phalanx.train.hooks`): evaluation
-every ``eval_every`` steps (:mod:`phalanx.train.evaluations`), the early stop at ``stop_return``, a row of
-metrics.csv every ``log_every`` steps, a checkpoint every ``checkpoint_every`` steps, a population's
-hand-over (:mod:`phalanx.train.handover`), and the user's own hooks.
+the envs while the learner updates. Everything else is a hook, called in one ordered list
+(:class:`~phalanx.train.run.Scheduler`, built by the trainer): evaluation every ``eval_every`` steps
+(:mod:`phalanx.train.evaluations`), the early stop at ``stop_return``, the user's own hooks, the safe
+point (Ctrl+C), a row of metrics.csv every ``log_every`` steps, a checkpoint every ``checkpoint_every``
+steps and ``compile: null``'s decision (:mod:`phalanx.train.hooks`). The loop writes only the
+:class:`~phalanx.train.state.RunState` fields it owns.
 
 In a data-parallel group the loop runs in every learner, in lockstep; after every iteration the
 learners agree whether to stop (:class:`~phalanx.train.collection.GroupAgreement`), so that every
@@ -16,22 +18,17 @@ learner stops at the same step, or none does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.compiling import compile_seconds
 from phalanx.config import save_yaml
-from phalanx.train.collection import choose_collection
-from phalanx.train.hooks import Hook, Schedule, check_hooks
 from phalanx.train.interrupts import Insisted, deferred_interrupts, received_signal
 from phalanx.train.logging import RunLogger, Stopwatch
 from phalanx.train.plots import plot_curve
+from phalanx.train.run import Run
 from phalanx.train.summary import write_summary
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
 
 INSISTED = (
     "a second stop signal (Ctrl+C, SIGTERM) stopped the run at once, unsaved: resume goes on from its "
@@ -61,20 +58,11 @@ class TrainingInterrupted(Exception):
         self.checkpoint = checkpoint
 
 
-def train(trainer: Trainer, hooks: Sequence[Hook] = ()) -> TrainResult:
-    """Train ``trainer``'s run to ``total_steps``, or until a hook stops it; in a group, learner 0 alone
-    calls ``hooks``. A later call goes on from where this one ended (a population's next interval)."""
-    hooks = check_hooks(hooks) if trainer.is_main else []
-    trainer.hooks = [
-        *hooks,
-        trainer.evaluations,
-        trainer.stop_at_return,
-        trainer.logging,
-        trainer.checkpointing,
-        trainer.auto_compile,
-    ]
-    for hook in hooks:  # a hand-over first: the run's files below see its config and steps
-        hook.on_start(trainer)
+def train(trainer: Run) -> TrainResult:
+    """Train ``trainer``'s run to ``total_steps``, or until a hook stops it, calling ``trainer.hooks``
+    (in a group, learner 0's hooks are the only ones besides the built-in ones). A later call goes on from
+    where this one ended (a population's next interval)."""
+    state = trainer.state
     if trainer.eval_process is not None:
         trainer.eval_process.wait_ready()  # its start is part of building the run, not of training
     # a group's learner process routes SIGINT to the group's event from its start
@@ -84,58 +72,54 @@ def train(trainer: Trainer, hooks: Sequence[Hook] = ()) -> TrainResult:
     try:
         with interrupts:
             _start(trainer)
-            _loop(trainer, [(hook, Schedule.after(trainer.steps, hook.every)) for hook in hooks])
+            _loop(trainer)
             return _finish(trainer)
     finally:
-        trainer.wall_offset = trainer.stopwatch()  # a later train() goes on from here
-        trainer.compile_offset = trainer.compile_stopwatch()
+        state.wall_offset = state.stopwatch()  # a later train() goes on from here
+        state.compile_offset = state.compile_stopwatch()
         trainer.collection.close()
 
 
-def _start(trainer: Trainer) -> None:
-    """The run's files and TensorBoard's writer (learner 0), then the clock starts and the collection
-    strategy is chosen."""
-    config = trainer.config
+def _start(trainer: Run) -> None:
+    """The run's files and TensorBoard's writer (learner 0), the clocks, the collection strategy, then the
+    hooks' ``on_start``."""
+    config, state = trainer.config, trainer.state
     if trainer.is_main:
         save_yaml(config, trainer.run_dir / "config.yaml")
-        trainer.logger = RunLogger(trainer.run_dir, config.total_steps, trainer.steps, trainer.show_progress)
-        if trainer.compile_note is not None:  # once, at the trainer's first train()
-            trainer.logger.message(trainer.compile_note)
-            trainer.compile_note = None
-    trainer.stopwatch = Stopwatch(trainer.wall_offset)
-    trainer.compile_stopwatch = Stopwatch(trainer.compile_offset, clock=compile_seconds)
-    trainer.logging.restart(trainer)
-    trainer.collection = choose_collection(trainer)
-    trainer.metrics, trainer.hook_metrics, trainer.stop_reason = {}, {}, None
+        state.logger = RunLogger(trainer.run_dir, config.total_steps, state.steps, trainer.show_progress)
+        if state.compile_note is not None:  # once, at the trainer's first train()
+            state.logger.message(state.compile_note)
+            state.compile_note = None
+    state.stopwatch = Stopwatch(state.wall_offset)
+    state.compile_stopwatch = Stopwatch(state.compile_offset, clock=compile_seconds)
+    trainer.start_collection()
+    state.metrics, state.hook_metrics, state.stop_reason = {}, {}, None
+    for hook in trainer.hooks:
+        hook.on_start(trainer)
 
 
-def _loop(trainer: Trainer, user_hooks: list[tuple[Hook, Schedule]]) -> None:
-    """Collect, learn, the hooks; a Ctrl+C at the safe point saves a checkpoint and raises
-    :class:`TrainingInterrupted`."""
+def _loop(trainer: Run) -> None:
+    """Collect, learn, the hooks that are due (:class:`~phalanx.train.run.Scheduler`); a Ctrl+C at the
+    safe point saves a checkpoint and raises :class:`TrainingInterrupted`."""
+    state = trainer.state
     try:
-        while trainer.steps < trainer.config.total_steps and trainer.stop_reason is None:
-            trainer.metrics = trainer.collection.iterate() or trainer.metrics
-            trainer.evaluations.after_iteration(trainer)
-            trainer.stop_at_return.after_iteration(trainer)
-            _call_due(trainer, user_hooks)
-            _safe_point(trainer)
-            trainer.logging.after_iteration(trainer)
-            trainer.checkpointing.after_iteration(trainer)
-            trainer.auto_compile.after_iteration(trainer)
+        while state.steps < trainer.config.total_steps and state.stop_reason is None:
+            state.metrics = trainer.collection.iterate() or state.metrics
+            trainer.hooks.after_iteration(trainer)
     except Insisted:  # a second Ctrl+C before the safe point: the state may be half-updated
         _end_files(trainer, interrupted=True, error=INSISTED)
         raise
     except KeyboardInterrupt:
         try:
             path = trainer.save()  # a pipeline drains first: the steps its worker made are learned from
-            if trainer.is_main:
-                trainer.logging.finish(trainer)  # the last row: the steps up to the checkpoint
+            for hook in trainer.hooks:
+                hook.on_finish(trainer, interrupted=True)  # the last row: the steps up to the checkpoint
         finally:
             if trainer.is_main:
                 trainer.logger.close()
         if trainer.is_main:
             write_summary(trainer, interrupted=True)
-        raise TrainingInterrupted(trainer.run_dir, trainer.steps, path) from None
+        raise TrainingInterrupted(trainer.run_dir, state.steps, path) from None
     except BaseException as error:
         # Whatever stops the run, what it wrote stays: the logs, the checkpoints saved so far, and a
         # summary that names the error (no checkpoint of a state that may be corrupt, e.g. NaN).
@@ -143,36 +127,16 @@ def _loop(trainer: Trainer, user_hooks: list[tuple[Hook, Schedule]]) -> None:
         raise
 
 
-def _call_due(trainer: Trainer, scheduled: list[tuple[Hook, Schedule]]) -> None:
-    """The user's hooks that are due: the numbers they return go to the next row of metrics.csv."""
-    for hook, schedule in scheduled:
-        if schedule.due(trainer.steps):
-            schedule.advance(trainer.steps)
-            trainer.hook_metrics.update(hook.after_iteration(trainer) or {})
-
-
-def _safe_point(trainer: Trainer) -> None:
-    """Where Ctrl+C stops the run (every update of the iteration made, whole) and where the learners of a
-    group agree on stopping."""
-    stop, interrupted = trainer.agreement(trainer.stop_reason is not None, trainer.stop_requested.is_set())
-    if interrupted:
-        trainer.stop_requested.clear()  # acted on: a later train() goes on
-        raise KeyboardInterrupt
-    if stop and trainer.stop_reason is None:
-        trainer.stop_reason = "learner 0's hooks stopped the group"
-
-
-def _finish(trainer: Trainer) -> TrainResult:
-    """The end of a run that was not interrupted: the last steps' updates, the last row of metrics.csv,
-    the final evaluation (but for an early stop's), the last checkpoint, the learning curve, the summary,
-    the hooks' ``on_end``."""
+def _finish(trainer: Run) -> TrainResult:
+    """The end of a run that was not interrupted: the last steps' updates, the hooks' ``on_finish`` (the
+    final evaluation but for an early stop's, the last row of metrics.csv), the last checkpoint, the
+    learning curve, the summary, the hooks' ``on_end``."""
     trainer.collection.finish()  # the process pipeline's last step, and its updates
     if not trainer.is_main:
         trainer.save()
         return TrainResult(trainer.run_dir, {})
-    trainer.logging.finish(trainer)  # the last row: the steps since the last log step
-    if trainer.stop_reason != "stop_return":
-        trainer.evaluations.finish()
+    for hook in trainer.hooks:
+        hook.on_finish(trainer, interrupted=False)
     trainer.save()
     trainer.logger.close()
     plot_curve(trainer.run_dir, f"{trainer.config.algo.upper()} on {trainer.config.env}")
@@ -184,7 +148,7 @@ def _finish(trainer: Trainer) -> TrainResult:
     return TrainResult(trainer.run_dir, summary)
 
 
-def _end_files(trainer: Trainer, interrupted: bool, error: str) -> None:
+def _end_files(trainer: Run, interrupted: bool, error: str) -> None:
     """Learner 0, when the run failed: close the logs and write a summary that names the error."""
     if trainer.is_main:
         trainer.logger.close()

@@ -3,43 +3,42 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.files import write_text_atomic
 from phalanx.train.interrupts import received_signal
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+from phalanx.train.run import Run
 
 
-def write_summary(trainer: Trainer, interrupted: bool, error: str | None = None) -> dict[str, Any]:
+def write_summary(trainer: Run, interrupted: bool, error: str | None = None) -> dict[str, Any]:
     """Write the run's summary.json (learner 0) and return it: its budget, timings, evaluations, how it
     ended."""
-    wall = trainer.stopwatch()
-    evaluation = trainer.last_evaluation
+    state = trainer.state
+    wall = state.stopwatch()
+    evaluation = state.last_evaluation
     summary = {
         "env": trainer.config.env,
         "algo": trainer.config.algo,
         "seed": trainer.config.seed,
         "num_envs": trainer.config.num_envs,
         "device": str(trainer.device),
-        "total_steps": trainer.steps,
+        "total_steps": state.steps,
         "updates": trainer.learner.updates,
         "wall_time_s": wall,
-        "steps_per_second": trainer.steps / max(wall, 1e-9),
-        "compiled": trainer.compiled,
-        "compile_time_s": trainer.compile_stopwatch(),
-        "compile_decision": trainer.compile_decision,  # compile: null's choice, and why
+        "steps_per_second": state.steps / max(wall, 1e-9),
+        "compiled": state.compiled,
+        "compile_time_s": state.compile_stopwatch(),
+        "compile_decision": state.compile_decision,  # compile: null's choice, and why
         "stop_return": trainer.config.stop_return,
-        "time_to_stop_return_s": trainer.time_to_stop_return,
+        "time_to_stop_return_s": state.time_to_stop_return,
         "eval_return_mean": evaluation.mean if evaluation else None,
         "eval_return_std": evaluation.std if evaluation else None,
         "eval_episodes": len(evaluation.returns) if evaluation else 0,
-        "eval_steps": trainer.last_evaluation_step if evaluation else None,
+        "eval_steps": state.last_evaluation_step if evaluation else None,
         "best_eval_return": trainer.evaluator.best_return if evaluation else None,
         "best_eval_steps": trainer.evaluator.best_steps if evaluation else None,
         "buffer_bytes": trainer.buffer.nbytes,
-        "stop_reason": trainer.stop_reason,  # stop_return, or what a hook's trainer.stop(reason) said
+        "stop_reason": state.stop_reason,  # stop_return, or what a hook's trainer.stop(reason) said
         "interrupted": interrupted,
         "signal": received_signal() if interrupted else None,  # SIGINT (Ctrl+C), SIGTERM; None: a request
         "error": error,

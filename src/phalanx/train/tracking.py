@@ -40,17 +40,14 @@ import string
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from phalanx.config import TrainConfig
 from phalanx.errors import ConfigError, import_optional
 from phalanx.files import write_text_atomic
-from phalanx.train.hooks import Hook
 from phalanx.train.logging import tensorboard_tag
 from phalanx.train.loop import TrainingInterrupted
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+from phalanx.train.run import Hook, Run
 
 RUN_ID_FILE = "wandb_run_id.txt"
 """In the run directory: the id of its W&B run, which a resume continues."""
@@ -162,7 +159,7 @@ class WandbTracker(Hook):
         self.videos_logged: set[str] = set()
 
     # -- the hook --------------------------------------------------------------------------------
-    def on_start(self, trainer: Trainer) -> None:
+    def on_start(self, trainer: Run) -> None:
         # The videos before the step this train() starts from are W&B's already (a resume, a population
         # member's next task); the rows a resume drops and writes again are logged again, as they come.
         for path in self._videos():
@@ -171,7 +168,7 @@ class WandbTracker(Hook):
         config = trainer.config.to_dict()  # after a hand-over: the member's new hyperparameters
         self._safely(lambda run: run.config.update(config, allow_val_change=True))
 
-    def on_log(self, trainer: Trainer, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: Run, row: dict[str, Any]) -> None:
         """A row of metrics.csv, at its step, then the videos that appeared since the last row."""
         values = {
             tensorboard_tag(key): value for key, value in row.items() if key != "steps" and value is not None
@@ -179,7 +176,7 @@ class WandbTracker(Hook):
         self._log({"steps": int(row["steps"]), **values})
         self._log_videos()
 
-    def on_evaluation(self, trainer: Trainer, row: dict[str, float]) -> None:
+    def on_evaluation(self, trainer: Run, row: dict[str, float]) -> None:
         values = {"steps": int(row["steps"])}
         for key, value in {**row, "result_wall_time_s": trainer.stopwatch()}.items():
             if key in ("wall_time_s", "result_wall_time_s"):
@@ -188,7 +185,7 @@ class WandbTracker(Hook):
                 values[tensorboard_tag(key)] = value
         self._log(values)
 
-    def on_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_end(self, trainer: Run, summary: dict[str, Any]) -> None:
         self._log_videos()
         curve = self.run_dir / "curve.png"
         if self.run is not None and curve.is_file():

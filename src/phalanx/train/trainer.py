@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from phalanx.buffers import (
     observation_dtype,
     replay_memory,
 )
-from phalanx.compiling import compile_seconds, should_compile
+from phalanx.compiling import should_compile
 from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
@@ -35,7 +34,7 @@ from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import observation_shape
 from phalanx.registry import algorithm_class, get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
-from phalanx.train.collection import Agreement, Collection, GroupAgreement
+from phalanx.train.collection import Agreement, Collection, GroupAgreement, choose_collection
 from phalanx.train.environments import (
     EVAL_SEED_OFFSET,
     EnvSpacePolicy,
@@ -47,19 +46,13 @@ from phalanx.train.environments import (
 )
 from phalanx.train.evaluations import Evaluations
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
-from phalanx.train.hooks import (
-    Checkpoints,
-    CompileWhenItPays,
-    Hook,
-    Logging,
-    Schedule,
-    StopAtReturn,
-    check_hooks,
-)
+from phalanx.train.hooks import Checkpoints, CompileWhenItPays, Logging, SafePoint, StopAtReturn, check_hooks
 from phalanx.train.learner import Learner, LearnerGroup, StatisticsSync
-from phalanx.train.logging import Stopwatch
+from phalanx.train.logging import RunLogger, Stopwatch
 from phalanx.train.loop import TrainResult, train
+from phalanx.train.run import Hook, Scheduler
 from phalanx.train.run_dir import create_run_dir
+from phalanx.train.state import RunState
 from phalanx.train.tracking import WandbTracker, start_tracking
 from phalanx.train.videos import GymnasiumEpisode, Videos
 from phalanx.train.worker import Worker
@@ -90,6 +83,7 @@ class Trainer:
         run_dir: Path | None = None,
         show_progress: bool = True,
         group: LearnerGroup | None = None,
+        stop_requested: threading.Event | None = None,
     ) -> None:
         config.validate()
         config = self.config = dataclasses.replace(config)  # the caller's config stays as it was
@@ -100,7 +94,7 @@ class Trainer:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.compiles = should_compile(config.compile, self.device)  # a ConfigError with the fix if it can't
-        self.compiled: list[str] = []  # what compile() switched to its compiled path
+        self.state = RunState()  # what changes as it trains (train.state)
 
         # Everything that can fail on bad input happens before the run directory is created; the envs
         # (and their worker processes) are closed if any of it fails.
@@ -109,7 +103,7 @@ class Trainer:
         self.eval_process: EvaluationProcess | None = None  # the evaluator, when it is a process
         self.tracker: WandbTracker | None = None  # learner 0's, with config.track (train.tracking)
         # Ctrl+C (or a population's request) to stop at the loop's next safe point (train.interrupts)
-        self.stop_requested = group.interrupted if group is not None else threading.Event()
+        self.stop_requested = group.interrupted if group is not None else stop_requested or threading.Event()
         if group is None and config.num_learners > 1:
             raise ConfigError(
                 f"num_learners = {config.num_learners}: a Trainer is one learner. Start the group with "
@@ -128,11 +122,11 @@ class Trainer:
         except BaseException:
             self.close()
             raise
-        self.compile_note: str | None = None  # what the run's log says of it, at its first train()
-        if self.compiles:
-            self.compile_note = (
-                f"compiled: {', '.join(self.compiled)} (torch compiles each at its first call)"
-                if self.compiled
+        if self.compiles:  # what the run's log says of it, at its first train()
+            compiled = self.state.compiled
+            self.state.compile_note = (
+                f"compiled: {', '.join(compiled)} (torch compiles each at its first call)"
+                if compiled
                 else "compiled: nothing (this run has no compiled path): it runs eagerly"
             )
 
@@ -178,7 +172,7 @@ class Trainer:
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
         if self.compiles:
-            self.compiled = self.compile()
+            self.state.compiled = self.compile()
         if self.eval_env is not None:
             self.evaluator = Evaluator(self.eval_env, seed=config.seed + EVAL_SEED_OFFSET)
         self.open_run(run_dir, show_progress)
@@ -190,7 +184,7 @@ class Trainer:
         trainer, once everything that can fail on bad input has been built."""
         config, group = self.config, self.group
         # the videos' env renders and their encoder is installed, or the run does not start
-        self.videos = Videos(self) if config.video_every and self.is_main else None
+        self.videos = Videos(config, self.video_episode) if config.video_every and self.is_main else None
         if self.is_main:
             self.run_dir = run_dir if run_dir is not None else create_run_dir(config)
         if group is not None:
@@ -200,28 +194,35 @@ class Trainer:
             self.tracker = start_tracking(config, self.run_dir, created=run_dir is None)
         self.checkpoints = CheckpointManager(self.run_dir, keep=config.keep_checkpoints)
         self.show_progress = show_progress and self.is_main
-
-        self.steps = 0
-        self.wall_offset = 0.0
-        self.stopwatch = Stopwatch()  # restarted by each train(), from wall_offset
-        self.compile_offset = 0.0
-        self.compile_stopwatch = Stopwatch(clock=compile_seconds)  # the part of the wall time spent compiling
-        self.time_to_stop_return: float | None = None
-        self.last_evaluation: Evaluation | None = None
-        self.last_evaluation_step = -1
-        self.updates_owed = 0.0  # off-policy: fractional gradient steps carried to the next env step
         self.collection = Collection(self)  # chosen when training starts
         self.agreement = Agreement() if group is None else GroupAgreement(group, self.sync_statistics)
-        self.metrics: dict[str, Any] = {}  # the learner's last metrics
-        self.hook_metrics: dict[str, float] = {}  # the hooks' numbers for the next row of metrics.csv
-        self.stop_reason: str | None = None
+        # the built-in hooks, each keeping its schedule in self.state (saved in checkpoints)
         self.evaluations = Evaluations(self)
-        self.stop_at_return = StopAtReturn()
         self.logging = Logging(self)
         self.checkpointing = Checkpoints(self)
-        self.auto_compile = CompileWhenItPays(self)
-        self.compile_decision: str | None = None  # compile: null's choice, once made (summary.json)
-        self.hooks: list[Hook] = []  # those of the current train(): the user's, then the built-in ones
+        self.hooks = Scheduler(self, [])  # those of the current train() (train())
+
+    # -- what hooks read -------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Env steps made so far."""
+        return self.state.steps
+
+    @property
+    def last_evaluation(self) -> Evaluation | None:
+        """The latest evaluation (None before the first)."""
+        return self.state.last_evaluation
+
+    @property
+    def logger(self) -> RunLogger:
+        """The run's files and display (learner 0, while it trains)."""
+        assert self.state.logger is not None, "the run's logger exists while it trains (learner 0)"
+        return self.state.logger
+
+    @property
+    def stopwatch(self) -> Stopwatch:
+        """Seconds trained, across resumes."""
+        return self.state.stopwatch
 
     compilable = True
     """Whether this kind of run has compiled paths (``compile: null`` may switch to them)."""
@@ -306,17 +307,10 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "obs_statistics": self.obs_statistics.state_dict() if self.obs_statistics is not None else None,
             "progress": {
-                "steps": self.steps,
+                **self.state.progress(),
                 "updates": self.learner.updates,
-                "wall_time_s": self.stopwatch(),
-                "compile_time_s": self.compile_stopwatch(),
                 "best_eval_return": self.evaluator.best_return,
                 "best_eval_steps": self.evaluator.best_steps,
-                "time_to_stop_return_s": self.time_to_stop_return,
-                "next_eval": self.evaluations.schedule.next,
-                "next_checkpoint": self.checkpointing.schedule.next,
-                "next_log": self.logging.schedule.next,
-                "updates_owed": self.updates_owed,
             },
         }
 
@@ -329,18 +323,11 @@ class Trainer:
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
         progress = state["progress"]
-        self.steps = progress["steps"]
+        self.state.load_progress(progress)
         self.learner.updates = progress["updates"]
-        self.wall_offset = progress["wall_time_s"]
-        self.compile_offset = progress.get("compile_time_s", 0.0)  # absent before it was saved
         if self.evaluator is not None:
             self.evaluator.best_return = progress["best_eval_return"]
             self.evaluator.best_steps = progress.get("best_eval_steps")  # absent before it was saved
-        self.time_to_stop_return = progress["time_to_stop_return_s"]
-        self.evaluations.schedule.next = progress["next_eval"]
-        self.checkpointing.schedule.next = progress["next_checkpoint"]
-        self.logging.schedule.next = progress["next_log"]
-        self.updates_owed = progress["updates_owed"]
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
         for sync in self.statistics_syncs:
@@ -384,16 +371,39 @@ class Trainer:
             self.eval_process.close()
 
     # -- the loop --------------------------------------------------------------------------------
-    def train(self, hooks: Sequence[Hook] = ()) -> TrainResult:
-        """Train to ``total_steps``, or until a hook stops the run (:func:`phalanx.train.loop.train`); the
-        tracker, if there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
+    def train(self, hooks: Sequence[Hook] = (), total_steps: int | None = None) -> TrainResult:
+        """Train to ``total_steps`` (default: the config's), or until a hook stops the run
+        (:func:`phalanx.train.loop.train`), calling ``hooks`` among the built-in ones; the tracker, if
+        there is one, logs it (its W&B run ends with Ctrl+C or an error, else at close())."""
+        if total_steps is not None:
+            self.config.total_steps = total_steps
         attached = [hook for hook in (self.videos, self.tracker) if hook is not None]  # the tracker last:
-        try:  # it logs what the others wrote
-            return train(self, [*check_hooks(hooks), *attached])
+        user = [*check_hooks(hooks), *attached] if self.is_main else []  # it logs what the others wrote
+        self.hooks = Scheduler(self, self.hook_order(user))
+        try:
+            return train(self)
         except BaseException as error:
             if self.tracker is not None:
                 self.tracker.finish(error)
             raise
+
+    def hook_order(self, user: list[Hook]) -> list[Hook]:
+        """Every hook of a ``train``, in the order they are called after each iteration."""
+        results = [self.evaluations.results()] if self.eval_process is not None else []
+        return [
+            self.evaluations,
+            *results,
+            StopAtReturn(self.evaluations.reached_stop_return),
+            *user,
+            SafePoint(),
+            self.logging,
+            self.checkpointing,
+            CompileWhenItPays(self),
+        ]
+
+    def start_collection(self) -> None:
+        """Choose how this ``train`` collects (:func:`~phalanx.train.collection.choose_collection`)."""
+        self.collection = choose_collection(self)
 
     def video_episode(self, seed: int) -> GymnasiumEpisode:
         """The current policy's deterministic episode from ``seed``, drawn frame by frame, the observation
@@ -406,31 +416,34 @@ class Trainer:
     def stop(self, reason: str) -> None:
         """A hook's request: end the run after this iteration, as a spent budget does (``reason`` is
         logged); the first request is the one that counts."""
-        if self.stop_reason is not None:
+        if self.state.stop_reason is not None:
             return
         if reason != "stop_return":
             self.logger.message(f"stopped at step {self.steps:,} by a hook: {reason}")
-        self.stop_reason = reason
+        self.state.stop_reason = reason
 
-    def new_algorithm(self) -> Algorithm:
-        """A new algorithm for this run's spaces, built from the current hyperparameters (a hand-over)."""
+    def new_algorithm(self, hyperparameters: Any) -> Algorithm:
+        """A new algorithm for this run's spaces, built from ``hyperparameters`` (a hand-over)."""
         old = self.algorithm
-        algorithm = algorithm_class(self.config.algo, self.config.hyperparameters)(
-            self.config.hyperparameters, old.observation_space, old.action_space, self.device
+        algorithm = algorithm_class(self.config.algo, hyperparameters)(
+            hyperparameters, old.observation_space, old.action_space, self.device
         )
         if self.compiles:
             algorithm.compile()
         return algorithm
 
-    def restart_schedules(self) -> None:
-        """A run that takes another's step count (a hand-over): its schedules go on from there."""
-        config = self.config
-        self.logging.schedule = Schedule(config.log_interval, next=self.steps)
-        for hook, every in (
-            (self.evaluations, config.eval_every),
-            (self.checkpointing, config.checkpoint_every),
-        ):
-            hook.schedule = Schedule(every, next=self.steps + every if every else math.inf)
+    def hand_over(self, algorithm: Algorithm, hyperparameters: Any, steps: int | None) -> None:
+        """Train on with ``algorithm`` built from ``hyperparameters`` (:func:`~phalanx.train.handover.adopt`),
+        from ``steps`` env steps if given (the schedules go on from there); a new horizon gets a new
+        rollout buffer."""
+        self.config.hyperparameters = hyperparameters
+        self.algorithm = self.worker.algorithm = self.learner.algorithm = algorithm
+        if algorithm.on_policy and self.buffer.horizon != hyperparameters.horizon:
+            self.buffer = self.learner.buffer = self.make_buffer()
+        if steps is not None:
+            self.state.steps = steps
+            for hook in (self.logging, self.evaluations, self.checkpointing):
+                hook.restart(self, steps)
 
     def sync_statistics(self) -> None:
         """In a group: merge every learner's new observation and reward statistics (the same bits on all)."""

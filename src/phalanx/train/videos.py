@@ -27,21 +27,18 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from phalanx.config import VIDEO_FORMATS
+from phalanx.config import VIDEO_FORMATS, TrainConfig
 from phalanx.envs.atari import video_env
 from phalanx.envs.classic import MASKED_GYMNASIUM
 from phalanx.errors import ConfigError, EnvError
 from phalanx.files import atomic_write
 from phalanx.train.environments import EVAL_SEED_OFFSET
-from phalanx.train.hooks import Hook
-
-if TYPE_CHECKING:
-    from phalanx.train.trainer import Trainer
+from phalanx.train.run import Hook, Run
 
 MAX_EPISODE_STEPS = 2_000
 """The steps a recorded episode may take when its env sets no shorter time limit."""
@@ -363,26 +360,26 @@ def _chain(first: np.ndarray, frames: Iterator[np.ndarray]) -> Iterator[np.ndarr
 class Videos(Hook):
     """Every ``video_every`` env steps, one deterministic evaluation episode of the current policy, with
     the observation normalisation frozen as evaluation has it, as
-    ``RUN_DIR/videos/<env>_step<steps>.<video_format>`` (learner 0; the trainer draws the episode:
-    ``trainer.video_episode(seed)``).
+    ``RUN_DIR/videos/<env>_step<steps>.<video_format>`` (learner 0; ``draw(seed)`` is the trainer's
+    ``video_episode``, which draws the episode).
 
     Built with the trainer, before its run directory: it checks then that the encoder is installed and
     that the env renders (an episode is opened: the env built, its first frame drawn), so that a run
     does not fail at its first video. A video that fails later is reported in the run's log and
     training goes on."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        config = trainer.config
+    def __init__(self, config: TrainConfig, draw: Callable[[int], EpisodeFrames]) -> None:
+        self.draw = draw
         self.every = config.video_every
         self.video_format = config.video_format
         self.seed = config.seed + EVAL_SEED_OFFSET  # the evaluations' seed
         use_headless_rendering()  # before MuJoCo's first render
         check_video_format(self.video_format)
-        trainer.video_episode(self.seed).close()
+        draw(self.seed).close()
 
-    def after_iteration(self, trainer: Trainer) -> None:
+    def after_iteration(self, trainer: Run) -> None:
         try:
-            with trainer.video_episode(self.seed) as episode:
+            with self.draw(self.seed) as episode:
                 path = video_path(trainer.run_dir, episode.name, trainer.steps, self.video_format)
                 write_video(path, episode, episode.fps, self.video_format)
         except Exception as error:  # a video is not worth the run: say so and train on
