@@ -434,11 +434,13 @@ class VectorizedPopulation:
             "wall_time_s": self.wall_time,
             "best_eval_return": self.best_eval_return[member],
             "time_to_stop_return_s": None,
-            "next_eval": (self.steps // eval_every + 1) * eval_every if eval_every else math.inf,
-            "next_checkpoint": (
-                (self.steps // checkpoint_every + 1) * checkpoint_every if checkpoint_every else math.inf
-            ),
-            "next_log": self.steps,
+            "schedules": {  # the built-in hooks' next steps (train.state.RunState.schedules)
+                "evaluations": (self.steps // eval_every + 1) * eval_every if eval_every else math.inf,
+                "checkpoints": (
+                    (self.steps // checkpoint_every + 1) * checkpoint_every if checkpoint_every else math.inf
+                ),
+                "logging": self.steps,
+            },
             "updates_owed": 0.0,
         }
 
