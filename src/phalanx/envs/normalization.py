@@ -27,6 +27,7 @@ __all__ = [
     "OBS_CLIP",
     "OBS_EPSILON",
     "MemberNormalizeObservation",
+    "MemberScaleReward",
     "NormalizeObservation",
     "RunningMeanStd",
     "ScaleReward",
@@ -295,3 +296,36 @@ class ScaleReward(VecEnvWrapper):
     def _load_own_state_dict(self, state: dict[str, Any]) -> None:
         self.statistics.load_state_dict(state["return_statistics"])
         self.returns.copy_(state["returns"])
+
+
+class MemberScaleReward(ScaleReward):
+    """ScaleReward with a discount and return statistics of their own for each member's block of rows.
+
+    ``gamma`` is the population's ``(P,)`` float64 discount tensor, read at every step (a member's new
+    gamma applies from the next step, as it would after a single run reloaded its config). Reset and
+    state dict are ScaleReward's.
+    """
+
+    def __init__(
+        self, env: VecEnv, num_members: int, gamma: Tensor, clip: float = 10.0, epsilon: float = 1e-8
+    ) -> None:
+        VecEnvWrapper.__init__(self, env)  # not ScaleReward's: its gamma and statistics are scalars
+        self.num_members = num_members
+        self.gamma = gamma  # type: ignore[assignment]  # (P,) float64, shared with the population
+        self.clip = clip
+        self.epsilon = epsilon
+        self.update = True
+        self.statistics = RunningMeanStd((num_members,), self.device)
+        self.returns = torch.zeros(self.num_envs, dtype=self.statistics.dtype, device=self.device)  # (P * N,)
+
+    def _transition(
+        self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
+        by_member = (self.num_members, -1)
+        gamma: Tensor = self.gamma  # type: ignore[assignment]
+        self.returns = (self.returns.view(by_member) * gamma.unsqueeze(1)).view(-1) + reward
+        self.statistics.update(self.returns.view(by_member).T)  # (N, P)
+        scale = torch.sqrt(self.statistics.var + self.epsilon).to(reward.dtype)  # (P,)
+        scaled = (reward.view(by_member) / scale.unsqueeze(1)).view(-1).clamp(-self.clip, self.clip)
+        self.returns.masked_fill_(terminated | truncated, 0.0)
+        return obs, scaled, terminated, truncated, info

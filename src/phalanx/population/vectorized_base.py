@@ -27,8 +27,8 @@ parameters after training equal (within float rounding: batched matmul against `
 :class:`VectorizedPopulation` is what every vectorized population shares (seeds and generators, member
 hyperparameter tensors, the member env, evaluation, copying members, the state dict, a member as a
 single run's checkpoint); a subclass adds its algorithm's networks, collection and learning step. The
-member env's wrappers are in :mod:`phalanx.population.member_env`, and the layout that reads a member
-back as its single run's tensors in :mod:`phalanx.population.member_layout`.
+member env is every run's wrapper chain (:func:`phalanx.train.environments.wrap_env`), and the layout
+that reads a member back as its single run's tensors is in :mod:`phalanx.population.member_layout`.
 
 Cost: every op is batched over the members except the random draws, one small call per member (the
 action noise and the env's reset draws each env step, the shuffles each update), the price of giving each
@@ -54,11 +54,12 @@ import torch
 from phalanx.algos.base import Algorithm
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor, VecEnv, as_device, block_seeds
-from phalanx.envs.wrappers import MemberNormalizeObservation, RunningMeanStd, find_wrapper
+from phalanx.envs.registry import make_env
+from phalanx.envs.wrappers import MemberNormalizeObservation, MemberScaleReward, RunningMeanStd, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.population.member_env import MemberScaleReward, build_member_env, check_batchable
+from phalanx.population.member_env import check_batchable
 from phalanx.population.member_layout import SingleLayout, ensemble_linear_weights
-from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec
+from phalanx.train.environments import EVAL_SEED_OFFSET, space_spec, wrap_env
 from phalanx.train.evaluator import Evaluator
 
 __all__ = [  # with the names of member_env and member_layout that were defined here before
@@ -334,13 +335,12 @@ class VectorizedPopulation:
 
     # -- the member env --------------------------------------------------------------------------------
     def _build_env(self, num_envs: int, training: bool) -> VecEnv:
-        """``build_env``'s wrapper chain (NaN guard when training, actions in [-1, 1], normalisation) over
-        ``num_envs`` rows, with the normalisation statistics per member."""
+        """``num_envs`` rows of the config's env in the wrapper chain of every run (``wrap_env``), with the
+        normalisation statistics and the reward discount per member."""
         statistics = None if training else self.obs_statistics
+        env = make_env(self.config.env, num_envs=num_envs, device=self.device)
         gamma = self.hyperparameter_tensors["gamma"]
-        return build_member_env(
-            self.config, num_envs, self.device, self.num_members, training, statistics, gamma
-        )
+        return wrap_env(env, self.config, training, statistics, None, self.num_members, gamma)
 
     def _env_seeds(self, offset: int, rows_per_member: int) -> int | list[int]:
         """``reset(seed=...)`` giving each member's rows what a single env seeded ``seed + offset`` gets."""

@@ -24,6 +24,7 @@ from phalanx.envs.wrappers import (
     OBS_EPSILON,
     ActionMap,
     MemberNormalizeObservation,
+    MemberScaleReward,
     NanGuard,
     NormalizeObservation,
     RescaleAction,
@@ -104,18 +105,31 @@ def wrap_env(
     obs_statistics: Any | None,
     reward_statistics: Any | None,
     blocks: int = 1,
+    gamma: torch.Tensor | None = None,
 ) -> VecEnv:
+    """The one wrapper chain of every training and evaluation env: NaN guard (training), actions in
+    [-1, 1], then the normalisation the config asks for.
+
+    ``blocks`` > 1: the rows form that many equal blocks, each normalised with statistics of its own.
+    ``gamma``, a vectorized population's ``(P,)`` discounts: the rows are its ``blocks`` = P members', each
+    with its own statistics (also where P = 1) and its rewards scaled with its own discount
+    (:class:`~phalanx.envs.wrappers.MemberScaleReward`); the population refuses image observations itself
+    (:func:`phalanx.population.member_env.check_batchable`).
+    """
+    population = gamma is not None
     if training:  # evaluation runs the same env with frozen weights: no need to pay the check per step
         env = NanGuard(env, check_every=nan_check_every(config))
     if needs_action_map(env.single_action_space):  # a Box, or integer actions that start away from 0
         env = RescaleAction(env)
-    if config.normalize_obs:
+    if config.normalize_obs and not population:
         check_normalizable(env.single_observation_space)
-    if config.normalize_obs and blocks > 1:
+    if config.normalize_obs and (blocks > 1 or population):
         env = MemberNormalizeObservation(env, blocks, statistics=obs_statistics, update=training)
     elif config.normalize_obs:
         env = NormalizeObservation(env, statistics=obs_statistics, update=training)
-    if config.normalize_reward and training:
+    if config.normalize_reward and training and population:
+        env = MemberScaleReward(env, blocks, gamma)
+    elif config.normalize_reward and training:
         env = ScaleReward(env, gamma=config.hyperparameters.gamma, statistics=reward_statistics)
     return env
 
