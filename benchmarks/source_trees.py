@@ -32,8 +32,8 @@ COMMANDS = {
         "train", "ppo", "CartPole-v1", "--num-envs", "4", "--horizon", "128", "--minibatch-size", "128",
         "--total-steps", "100000",
     ],
-    "sac Pendulum-v1, 3k steps": [
-        "train", "sac", "Pendulum-v1", "--num-envs", "1", "--total-steps", "3000",
+    "sac Pendulum-v1, 10k steps": [
+        "train", "sac", "Pendulum-v1", "--num-envs", "1", "--total-steps", "10000",
         "--learning-starts", "1000",
     ],
     "dqn CartPole-v1, 20k steps": [

@@ -1,6 +1,6 @@
-"""Trainer: one run, its envs, algorithm, worker, learner, evaluator, logger and checkpoints, and its state
-(checkpoints, resume). Its loop is :mod:`phalanx.train.loop`'s; starting runs and learner groups,
-:mod:`phalanx.train.entry`'s.
+"""Trainer: one run, its envs, algorithm, worker, learner, evaluator, checkpoints and built-in hooks, and
+saving and resuming them. What changes as it trains is its :class:`~phalanx.train.state.RunState`; its
+loop is :mod:`phalanx.train.loop`'s; starting runs and learner groups, :mod:`phalanx.train.entry`'s.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ class Trainer:
         self.sync_statistics()
 
     def open_run(self, run_dir: Path | None, show_progress: bool) -> None:
-        """The run directory, its checkpoints and the loop's counters: the last step of building a
-        trainer, once everything that can fail on bad input has been built."""
+        """The run directory, its checkpoints and the built-in hooks: the last step of building a trainer,
+        once everything that can fail on bad input has been built."""
         config, group = self.config, self.group
         # the videos' env renders and their encoder is installed, or the run does not start
         self.videos = Videos(config, self.video_episode) if config.video_every and self.is_main else None
