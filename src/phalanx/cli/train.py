@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -13,7 +15,7 @@ from phalanx.cli.arguments import parse_train_args, train_usage
 from phalanx.cli.output import console
 from phalanx.train.entry import resume, train
 from phalanx.train.interrupts import exit_code as interrupted_exit_code
-from phalanx.train.loop import TrainingInterrupted
+from phalanx.train.loop import TrainingInterrupted, TrainResult
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -21,13 +23,28 @@ def cmd_train(argv: list[str]) -> int:
         print(train_usage("phalanx train"))
         return 0
     config = parse_train_args(argv)
+
+    def say_run_dir(path: Path) -> None:
+        console.print(f"run directory: [bold]{escape(str(path))}[/]", highlight=False, soft_wrap=True)
+
+    return run_training(lambda: train(config, on_run_dir=say_run_dir))
+
+
+def cmd_resume(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="phalanx resume", description="Continue a run from its latest checkpoint."
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
+    args = parser.parse_args(argv)
+    return run_training(lambda: resume(args.run_dir, args.total_steps))
+
+
+def run_training(training: Callable[[], TrainResult]) -> int:
+    """Run ``training`` (a train or a resume) and say how it ended: Ctrl+C or SIGTERM (the checkpoint it
+    saved), or nothing left to train; its exit code."""
     try:
-        result = train(
-            config,
-            on_run_dir=lambda path: console.print(
-                f"run directory: [bold]{escape(str(path))}[/]", highlight=False, soft_wrap=True
-            ),
-        )
+        result = training()
     except TrainingInterrupted as interrupted:
         console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
         return interrupted_exit_code()
@@ -36,7 +53,7 @@ def cmd_train(argv: list[str]) -> int:
     return training_exit_code(result.summary)
 
 
-def say_nothing_to_train(result: Any) -> None:
+def say_nothing_to_train(result: TrainResult) -> None:
     """A resume (or train --resume) of a run that had finished: what it found, and how to train on."""
     steps = result.summary["total_steps"]
     console.print(
@@ -56,21 +73,3 @@ def training_exit_code(summary: dict[str, Any]) -> int:
     if summary and summary["stop_return"] is not None and summary["time_to_stop_return_s"] is None:
         return 1
     return 0
-
-
-def cmd_resume(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="phalanx resume", description="Continue a run from its latest checkpoint."
-    )
-    parser.add_argument("run_dir")
-    parser.add_argument("--total-steps", type=int, default=None, help="new training budget (env steps)")
-    args = parser.parse_args(argv)
-
-    try:
-        result = resume(args.run_dir, args.total_steps)
-    except TrainingInterrupted as interrupted:
-        console.print(f"[yellow]{escape(str(interrupted))}[/]", highlight=False, soft_wrap=True)
-        return interrupted_exit_code()
-    if not result.trained:
-        say_nothing_to_train(result)
-    return training_exit_code(result.summary)
