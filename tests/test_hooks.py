@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from test_training import small_config as training_config
 
 import phalanx
@@ -134,3 +135,41 @@ def test_a_hook_with_a_bad_schedule_is_a_config_error(tmp_path, every):
     hook.every = every
     with pytest.raises(ConfigError, match=r"hooks\[0\] \(StepsPerUpdate\) has every = .*env steps >= 0"):
         phalanx.train(small_config(tmp_path), show_progress=False, hooks=[hook])
+
+
+class Order(phalanx.Hook):
+    """Records the hooks of the train it runs in, in the order the scheduler calls them."""
+
+    def on_start(self, trainer) -> None:
+        self.names = [type(hook).__name__ for hook in trainer.hooks]
+
+
+def test_every_hook_is_called_from_one_ordered_list(tmp_path):
+    """The built-in hooks and the user's are one list on one scheduler, in the documented order."""
+    order = Order()
+    phalanx.train(small_config(tmp_path, total_steps=256), show_progress=False, hooks=[order])
+    assert order.names == [
+        "Evaluations", "StopAtReturn", "Order", "SafePoint", "Logging", "Checkpoints", "CompileWhenItPays",
+    ]  # fmt: skip
+
+
+def test_checkpoints_keep_the_built_in_schedules_so_a_resume_logs_evaluates_and_saves_at_the_same_steps(
+    tmp_path,
+):
+    """A run trained in two parts (a checkpoint in between) writes its rows, evaluations and checkpoints
+    at the same steps as one trained straight: the schedules travel in the checkpoint."""
+    schedule = {"eval_every": 1024, "checkpoint_every": 1024, "log_every": 256, "keep_checkpoints": 10}
+    straight = phalanx.train(small_config(tmp_path, "straight", **schedule), show_progress=False).run_dir
+    config = small_config(tmp_path, "parts", **{**schedule, "total_steps": 2048})
+    parts = phalanx.train(config, show_progress=False).run_dir
+    progress = torch.load(parts / "checkpoints" / "step_2048" / "state.pt", weights_only=False)["progress"]
+    assert progress["schedules"] == {"evaluations": 3072, "checkpoints": 3072, "logging": 2304}
+    phalanx.resume(parts, total_steps=4096)
+
+    def steps(run_dir, table):
+        return [int(row["steps"]) for row in read_table(run_dir / table)]
+
+    assert steps(parts, "evaluations.csv") == steps(straight, "evaluations.csv") == [1024, 2048, 3072, 4096]
+    assert steps(parts, "metrics.csv") == steps(straight, "metrics.csv")
+    saved = sorted(path.name for path in (parts / "checkpoints").glob("step_*"))
+    assert saved == sorted(path.name for path in (straight / "checkpoints").glob("step_*"))
