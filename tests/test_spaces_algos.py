@@ -17,7 +17,7 @@ import torch
 
 import phalanx
 from phalanx.agent import load_agent
-from phalanx.algos.ppo import A2C, PPO, A2CConfig, PPOConfig
+from phalanx.algos.ppo import A2C, PPO, A2CConfig, PPOConfig, update_settings
 from phalanx.config import ENCODERS
 from phalanx.envs import BatchedVecEnv, register_env
 from phalanx.envs.registry import unregister_env
@@ -308,13 +308,14 @@ def test_shared_encoder_runs_once_and_the_function_step_matches_the_eager_one(ac
     targets, index = torch.randn(4, 16), torch.arange(16)
     calls = []
     algorithm.policy.encoder.register_forward_hook(lambda *_: calls.append(1))
-    loss, _ = algorithm.minibatch_loss(targets, index, obs, actions, None)
+    hyperparameters = update_settings(config).loss
+    loss, _ = algorithm.loss_function()(hyperparameters, targets, index, obs, actions, None)
     assert len(calls) == 1
     algorithm.optimizer.zero_grad()
     loss.backward()
     algorithm.optimizer_step(algorithm.optimizer, 0.5)
-    step = GradientStep(twin.optimizer, twin.loss_modules(), twin.minibatch_loss, 0.5)
-    step(targets, index, obs, actions, None)
+    step = GradientStep(twin.optimizer, twin.loss_modules(), twin.loss_function(), 0.5)
+    step(hyperparameters, targets, index, obs, actions, None)
     for network, twin_network in ((algorithm.policy, twin.policy), (algorithm.value, twin.value)):
         for parameter, twin_parameter in zip(network.parameters(), twin_network.parameters(), strict=True):
             torch.testing.assert_close(parameter, twin_parameter)
