@@ -12,8 +12,15 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.algos.ppo import PPOConfig
-from phalanx.algos.recurrent import RecurrentA2C, RecurrentPPO, actor, reset_memory
+from phalanx.algos.ppo import PPOConfig, update_settings
+from phalanx.algos.recurrent import (
+    RecurrentA2C,
+    RecurrentPPO,
+    SequenceSampler,
+    actor,
+    reset_memory,
+    sequence_loss,
+)
 from phalanx.cli import main as cli_main
 from phalanx.envs import make_env, register_env
 from phalanx.envs.core import BatchedVecEnv
@@ -200,18 +207,22 @@ def test_burn_in_steps_are_left_out_of_the_loss():
     worker.collect(buffer)
     targets = torch.randn(4, 16 * 4)
     index = torch.tensor([0, 5])  # sequences: chunk 0 of env 0, chunk 1 of env 1
-    obs, *rest = algorithm.loss_inputs(buffer)  # sequence 0 is obs[:, 0]
-    loss = algorithm.minibatch_loss(targets, index, obs, *rest)[0]
+    _, obs, *rest = SequenceSampler(8, 2, "cpu").data(buffer, targets)  # sequence 0 is obs[:, 0]
+    hyperparameters = update_settings(algorithm.config).loss
+
+    def loss(targets, obs):
+        return sequence_loss(algorithm.network, 3, hyperparameters, targets, index, obs, *rest)[0]
+
     burn_in_samples = torch.tensor([t * 4 + 0 for t in range(3)] + [t * 4 + 1 for t in range(8, 11)])
     changed = targets.clone()
     changed[:, burn_in_samples] += 100.0  # the targets of the burn-in steps
-    assert torch.equal(algorithm.minibatch_loss(changed, index, obs, *rest)[0], loss)
+    assert torch.equal(loss(changed, obs), loss(targets, obs))
     later = targets.clone()
     later[:, 3 * 4] += 100.0  # step 3 of env 0: after the burn-in, in the loss
-    assert not torch.equal(algorithm.minibatch_loss(later, index, obs, *rest)[0], loss)
+    assert not torch.equal(loss(later, obs), loss(targets, obs))
     # and the burn-in runs without gradient: no gradient reaches its observations
     obs = obs.clone().requires_grad_(True)
-    algorithm.minibatch_loss(targets, index, obs, *rest)[0].backward()
+    loss(targets, obs).backward()
     assert obs.grad[:3, 0].abs().sum() == 0 and obs.grad[3:8, 0].abs().sum() > 0
 
 

@@ -17,7 +17,15 @@ import torch
 
 import phalanx
 from phalanx.agent import load_agent
-from phalanx.algos.ppo import A2C, PPO, A2CConfig, PPOConfig
+from phalanx.algos.ppo import (
+    A2C,
+    PPO,
+    A2CConfig,
+    FlatSampler,
+    PPOConfig,
+    minibatch_size,
+    update_settings,
+)
 from phalanx.config import ENCODERS
 from phalanx.envs import BatchedVecEnv, register_env
 from phalanx.envs.registry import unregister_env
@@ -308,13 +316,14 @@ def test_shared_encoder_runs_once_and_the_function_step_matches_the_eager_one(ac
     targets, index = torch.randn(4, 16), torch.arange(16)
     calls = []
     algorithm.policy.encoder.register_forward_hook(lambda *_: calls.append(1))
-    loss, _ = algorithm.minibatch_loss(targets, index, obs, actions, None)
+    hyperparameters = update_settings(config).loss
+    loss, _ = algorithm.loss_function()(hyperparameters, targets, index, obs, actions, None)
     assert len(calls) == 1
     algorithm.optimizer.zero_grad()
     loss.backward()
     algorithm.optimizer_step(algorithm.optimizer, 0.5)
-    step = GradientStep(twin.optimizer, twin.loss_modules(), twin.minibatch_loss, 0.5)
-    step(targets, index, obs, actions, None)
+    step = GradientStep(twin.optimizer, twin.loss_modules(), twin.loss_function(), 0.5)
+    step(hyperparameters, targets, index, obs, actions, None)
     for network, twin_network in ((algorithm.policy, twin.policy), (algorithm.value, twin.value)):
         for parameter, twin_parameter in zip(network.parameters(), twin_network.parameters(), strict=True):
             torch.testing.assert_close(parameter, twin_parameter)
@@ -329,6 +338,25 @@ def test_shared_encoder_runs_once_and_the_function_step_matches_the_eager_one(ac
     assert torch.equal(actions, expected_actions)
     torch.testing.assert_close(log_probs, expected_log_probs)
     torch.testing.assert_close(values, algorithm.value(obs))
+
+
+def test_a2c_is_ppo_update_with_one_full_batch_pass_of_the_plain_gradient():
+    """PPO and A2C run the one update (ppo_update); A2C's config makes it one epoch of one minibatch of
+    the whole rollout, no clipping and no KL stop."""
+    a2c = update_settings(A2CConfig())
+    assert (a2c.epochs, a2c.target_kl, a2c.loss.clip_range, a2c.loss.clip_value) == (1, None, None, None)
+    assert minibatch_size(A2CConfig()) is None
+    minibatches = FlatSampler(None, torch.device("cpu")).minibatches((torch.zeros(4, 10), None, None, None))
+    assert [tuple(index.shape) for _, index, *_ in minibatches] == [(10,)]
+    assert sorted(minibatches[0][1].tolist()) == list(range(10))
+    ppo = update_settings(PPOConfig(epochs=3, clip_range=0.1, clip_value=0.5, target_kl=0.02))
+    assert (ppo.epochs, ppo.target_kl, ppo.loss.clip_range, ppo.loss.clip_value) == (3, 0.02, 0.1, 0.5)
+    assert [
+        len(index)
+        for _, index, *_ in FlatSampler(4, torch.device("cpu")).minibatches(
+            (torch.zeros(4, 10), None, None, None)
+        )
+    ] == [4, 4, 2]
 
 
 def test_multi_categorical_policy_is_independent_categoricals():

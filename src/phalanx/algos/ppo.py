@@ -1,35 +1,40 @@
 """PPO and its sibling A2C: on-policy actor-critic learning from a (T, N) rollout.
 
-The learning rule is written once, in :func:`actor_critic_loss`: the loss of a minibatch, as a function
-of (networks, batch, hyperparameters), for one agent or for P members at once (a leading member dim on
-the batch, one hyperparameter value per member; see its docstring). :meth:`PPO.update` drives it:
+The update is written once, in :func:`ppo_update`, to be read top to bottom:
 
-1. value of every true next observation (``next_obs`` is the final observation where an episode
-   ended), so that truncated episodes bootstrap and terminated ones do not;
-2. GAE(lambda) advantages and returns;
-3. ``epochs`` passes of shuffled minibatches over the T*N samples, minimising
-   ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``,
-   with optional value clipping, gradient-norm clipping and a KL early stop.
+1. GAE(lambda) advantages and returns, from the value of every true next observation (``next_obs`` is
+   the final observation where an episode ended), so that truncated episodes bootstrap and terminated
+   ones do not;
+2. the rollout flattened into samples;
+3. ``epochs`` passes of shuffled minibatches, each a gradient step on
+   ``-min(r*A, clip(r, 1-e, 1+e)*A) + value_coef * value_loss - entropy_coef * entropy``
+   (:func:`actor_critic_loss`), with optional value clipping, gradient-norm clipping and a KL early
+   stop;
+4. the metrics.
 
-:meth:`PPO.compile` runs each minibatch's gradient step (loss, gradient, clipping, the optimiser's
-step) as one compiled graph (:class:`~phalanx.gradient_step.GradientStep`); the eager step stays the
-reference.
-A2C is the same machinery with one full-batch pass, the plain policy-gradient loss (``clip_range``
-None) and RMSprop. The vectorized population (:mod:`phalanx.population.vectorized`) drives the same
-rule for P members.
+It is shape-generic: one agent's samples, or P members' side by side (a leading member dim, one
+hyperparameter value per member). What differs between its callers is passed in: the minibatches (a
+:class:`Sampler`: :class:`FlatSampler` here, sequences for a recurrent policy in
+:mod:`phalanx.algos.recurrent`, P members' in :mod:`phalanx.population.vectorized`), the loss of one
+(which networks) and the gradient step. :meth:`PPO.compile` runs each minibatch's gradient step (loss,
+gradient, clipping, the optimiser's step) as one compiled graph
+(:class:`~phalanx.gradient_step.GradientStep`); the eager step stays the reference. A2C is the same
+update with one full-batch pass, the plain policy-gradient loss (``clip_range`` None) and RMSprop
+(:func:`update_settings`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import torch
 from torch import nn
 
 from phalanx.algos.actor_critic_config import A2CConfig, ActorCriticConfig, PPOConfig
-from phalanx.algos.base import ActingModule, Algorithm
+from phalanx.algos.base import ActingModule, Algorithm, GradientGroup
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
@@ -173,31 +178,222 @@ def ratio_metrics(ratio: Tensor, log_ratio: Tensor, clip_range: Hyperparameter |
     return metrics
 
 
-def rollout_advantages(
+def _like(hyperparameter: Hyperparameter, samples: Tensor) -> Hyperparameter:
+    """A tensor hyperparameter in the samples' dtype (a Python float is cast by the op itself)."""
+    return hyperparameter.to(samples.dtype) if isinstance(hyperparameter, Tensor) else hyperparameter
+
+
+# -- the update ----------------------------------------------------------------------------------------
+MinibatchLoss = Callable[..., tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]]
+"""``loss(hyperparameters, *inputs) -> (loss, (metrics, ratio, log_ratio))``: :func:`actor_critic_loss` of
+one minibatch, ``inputs`` as the sampler gives them (:func:`feed_forward_loss` for the flat samples)."""
+
+
+class UpdateSettings(NamedTuple):
+    """What :func:`ppo_update` runs with besides the rollout, the sampler and the networks."""
+
+    epochs: int
+    target_kl: float | None
+    """After an epoch, stop if its last step's approximate KL exceeds this (None: never)."""
+    gamma: Hyperparameter
+    """A float, or one value per rollout row ``(N,)`` (float32, as the rollout)."""
+    gae_lambda: Hyperparameter
+    loss: ActorCriticHyperparameters
+    gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
+    """:func:`~phalanx.buffers.compute_gae` (the loop, the reference) or, for a compiled update,
+    :func:`~phalanx.buffers.compute_gae_scan`."""
+
+
+class Sampler(Protocol):
+    """How :func:`ppo_update` cuts a rollout into minibatches: :class:`FlatSampler` (shuffled samples),
+    ``phalanx.population.vectorized.MemberSampler`` (P members' at once) or
+    ``phalanx.algos.recurrent.SequenceSampler`` (shuffled sequences of a recurrent policy)."""
+
+    def flatten(self, steps: Tensor) -> Tensor:
+        """A ``(T, N)`` field of the rollout as samples: ``(T*N,)``, or ``(P, T*N)`` for P members."""
+        ...
+
+    def data(self, rollout: RolloutBuffer, targets: Tensor) -> tuple[Any, ...]:
+        """What the minibatches are drawn from, made once per update; ``targets``: the flattened old
+        log-probabilities, advantages, old values and returns as rows of one tensor ``(4, [P,] T*N)``."""
+        ...
+
+    def minibatches(self, data: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """One epoch's minibatches (drawing its shuffle): each the inputs of the loss after its
+        hyperparameters."""
+        ...
+
+
+class FlatSampler:
+    """Shuffled minibatches of ``minibatch_size`` of the ``T*N`` samples (None: one of them all), each the
+    inputs of :func:`feed_forward_loss`; the shuffle from the global generator."""
+
+    def __init__(self, minibatch_size: int | None, device: torch.device) -> None:
+        self.minibatch_size = minibatch_size
+        self.device = device
+
+    def flatten(self, steps: Tensor) -> Tensor:
+        return steps.flatten(0, 1)
+
+    def data(self, rollout: RolloutBuffer, targets: Tensor) -> tuple[Tensor | None, ...]:
+        """``targets``, observations, actions and the value function's input (None: the observations),
+        ``(T*N, ...)``."""
+        critic_obs = None if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
+        return targets, rollout.obs.flatten(0, 1), rollout.actions.flatten(0, 1), critic_obs
+
+    def minibatches(self, data: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        targets, *inputs = data
+        batch_size = targets.shape[1]
+        permutation = torch.randperm(batch_size, device=self.device)
+        indices = permutation.split(self.minibatch_size or batch_size)
+        return [(targets, index, *inputs) for index in indices]
+
+
+def feed_forward_loss(
+    encoder: nn.Module | None,
+    policy: PolicyHead,
+    value: ValueNet,
+    hyperparameters: ActorCriticHyperparameters,
+    targets: Tensor,
+    index: Tensor,
+    obs: Tensor,
+    actions: Tensor,
+    critic_obs: Tensor | None,
+) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
+    """:func:`actor_critic_loss` of the minibatch ``index`` of :class:`FlatSampler`'s samples. ``encoder``:
+    a shared encoder run once, ``policy`` and ``value`` heads on its features (None: the networks read
+    the observations)."""
+    minibatch_obs = obs[index]
+    old_log_probs, advantages, old_values, returns = targets.index_select(1, index)
+    batch = ActorCriticBatch(
+        minibatch_obs,
+        actions[index],
+        old_log_probs,
+        advantages,
+        old_values,
+        returns,
+        minibatch_obs if critic_obs is None else critic_obs[index],
+    )
+    if encoder is not None:  # the encoder once, both heads on its features
+        features = encoder(minibatch_obs)
+        batch = batch._replace(obs=features, critic_obs=features)
+    result = actor_critic_loss(policy, value, batch, hyperparameters)
+    return result.loss, (result.metrics, result.ratio, result.log_ratio)
+
+
+def ppo_update(
     rollout: RolloutBuffer,
     next_values: Tensor,
-    gamma: Hyperparameter,
-    gae_lambda: Hyperparameter,
-    gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
-) -> tuple[Tensor, Tensor]:
-    """GAE advantages and returns ``(T, N)`` of a rollout, from the value of every step's true next
-    observation ``(T, N)``; ``gamma`` and ``gae_lambda`` are floats, or ``(N,)`` tensors (one per row).
-    ``gae``: :func:`~phalanx.buffers.compute_gae` (the loop, the reference) or, for a compiled update,
-    :func:`~phalanx.buffers.compute_gae_scan`."""
-    return gae(
+    sampler: Sampler,
+    loss: MinibatchLoss,
+    minimise: Callable[[Tensor], None],
+    settings: UpdateSettings,
+    learning_rate: Tensor,
+    compiled_step: Callable[..., tuple[Tensor, Any]] | None = None,
+    group: GradientGroup | None = None,
+) -> dict[str, Tensor]:
+    """PPO's (and A2C's) update on a rollout: GAE, then epochs of shuffled minibatches, a gradient step on
+    each; its metrics.
+
+    Shape-generic: a ``(T, N)`` rollout of one agent, or of P members side by side (``(T, P*N)``, the
+    sampler's ``flatten`` making ``(P, T*N)`` samples, the hyperparameters tensors of one value per
+    member; the metrics then ``(P,)``). ``next_values``: the value ``(T, N)`` of every step's true next
+    observation (or global state), so that truncated episodes bootstrap and terminated ones do not.
+    ``loss``: the minibatch loss of the sampler's minibatches; ``minimise(loss)``: the eager gradient step
+    on it (gradients, clipping, the optimiser's step); ``compiled_step``: the loss and that step as one
+    compiled graph (:class:`~phalanx.gradient_step.GradientStep` of ``loss``; None: eager).
+    ``learning_rate``: its metric (a CPU scalar for one agent, ``(P,)`` for P members); ``group``: a
+    data-parallel group of learners, which stop their epochs together on their mean KL.
+    """
+    # 1. GAE(lambda) advantages and returns (T, N).
+    advantages, returns = settings.gae(
         rollout.rewards,
         rollout.values,
         next_values,
         rollout.terminated,
         rollout.dones,
-        gamma,  # type: ignore[arg-type]  # a tensor broadcasts like a float
-        gae_lambda,  # type: ignore[arg-type]
+        settings.gamma,
+        settings.gae_lambda,
+    )
+
+    # 2. Flatten: the steps as samples; the per-sample scalars as rows of one tensor (a minibatch gathers
+    # them in one op).
+    flatten = sampler.flatten
+    old_values, returns = flatten(rollout.values), flatten(returns)
+    targets = torch.stack((flatten(rollout.log_probs), flatten(advantages), old_values, returns))
+    data = sampler.data(rollout, targets)
+
+    # 3. Epochs of shuffled minibatches, a gradient step on each. The metrics are computed after them,
+    # from what each step kept.
+    step_metrics: list[dict[str, Tensor]] = []  # policy_loss, value_loss, entropy of each step
+    ratios: list[tuple[Tensor, Tensor]] = []  # (ratio, log_ratio) of each step's samples
+    for _epoch in range(settings.epochs):
+        for inputs in sampler.minibatches(data):
+            if compiled_step is None:  # eager: the loss, then its gradient step
+                loss_value, (metrics, ratio, log_ratio) = loss(settings.loss, *inputs)
+                minimise(loss_value)
+            else:  # the loss, its gradient, clipping and the optimiser's step as one graph
+                _, (metrics, ratio, log_ratio) = compiled_step(settings.loss, *inputs)
+            step_metrics.append(metrics)
+            ratios.append((ratio, log_ratio))
+        if settings.target_kl is not None:  # stop once the epoch's last step's approximate KL is too high
+            approx_kl = ((ratio - 1) - log_ratio).mean()
+            if group is not None:  # every learner must stop after the same epoch: decide on the mean
+                approx_kl = approx_kl.reshape(1).clone()
+                group.average([approx_kl])
+            if bool(approx_kl > settings.target_kl):  # one host sync per epoch, only with target_kl
+                break
+
+    # 4. Metrics: the losses' means over the gradient steps; approx_kl, clip_fraction over all their samples.
+    with torch.no_grad():
+        metrics = {
+            name: torch.stack([step[name] for step in step_metrics]).mean(dim=0) for name in step_metrics[0]
+        }
+        ratio, log_ratio = (torch.cat(values, dim=-1) for values in zip(*ratios, strict=True))
+        metrics.update(ratio_metrics(ratio, log_ratio, settings.loss.clip_range))
+        explained = 1 - (returns - old_values).var(dim=-1) / (returns.var(dim=-1) + 1e-8)
+    metrics["explained_variance"] = explained
+    metrics["learning_rate"] = learning_rate
+    metrics["gradient_steps"] = learning_rate.new_full(learning_rate.shape, float(len(step_metrics)))
+    return metrics
+
+
+def update_settings(
+    config: ActorCriticConfig,
+    gamma: Hyperparameter | None = None,
+    gae_lambda: Hyperparameter | None = None,
+    loss: ActorCriticHyperparameters | None = None,
+    gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
+) -> UpdateSettings:
+    """The :class:`UpdateSettings` of a config (``gamma``, ``gae_lambda``, ``loss``: other values, as a
+    population's per-member tensors). PPO's; A2C's config has no epochs, clipping or KL stop: one pass,
+    the plain policy gradient ``-log pi(a|s) * A``."""
+    if isinstance(config, PPOConfig):
+        epochs, target_kl, clip_range, clip_value = (
+            config.epochs,
+            config.target_kl,
+            config.clip_range,
+            config.clip_value,
+        )
+    else:
+        epochs, target_kl, clip_range, clip_value = 1, None, None, None
+    if loss is None:
+        loss = ActorCriticHyperparameters(
+            config.value_coef, config.entropy_coef, clip_range, clip_value, config.normalize_advantages
+        )
+    return UpdateSettings(
+        epochs,
+        target_kl,
+        config.gamma if gamma is None else gamma,
+        config.gae_lambda if gae_lambda is None else gae_lambda,
+        loss,
+        gae,
     )
 
 
-def _like(hyperparameter: Hyperparameter, samples: Tensor) -> Hyperparameter:
-    """A tensor hyperparameter in the samples' dtype (a Python float is cast by the op itself)."""
-    return hyperparameter.to(samples.dtype) if isinstance(hyperparameter, Tensor) else hyperparameter
+def minibatch_size(config: ActorCriticConfig) -> int | None:
+    """Samples per minibatch: PPO's ``minibatch_size``; None (the whole rollout) for A2C."""
+    return config.minibatch_size if isinstance(config, PPOConfig) else None
 
 
 class PPO(Algorithm):
@@ -310,7 +506,7 @@ class PPO(Algorithm):
     # -- learning --------------------------------------------------------------------------------
     def compile(self) -> list[str]:
         """Run :meth:`update` compiled from now on: each minibatch's gradient step (gathering the
-        minibatch, :func:`actor_critic_loss`, its gradient, clipping and the optimiser's step) as one
+        minibatch, :func:`feed_forward_loss`, its gradient, clipping and the optimiser's step) as one
         graph (:class:`~phalanx.gradient_step.GradientStep`), GAE as
         :func:`~phalanx.buffers.compute_gae_scan`.
 
@@ -322,7 +518,7 @@ class PPO(Algorithm):
             self.gradient_step = GradientStep(
                 self.optimizer,  # type: ignore[arg-type]  # make_optimizer builds a flat one
                 self.loss_modules(),
-                self.minibatch_loss,
+                self.loss_function(),
                 self.config.max_grad_norm,
             )
             self.gradient_step.compile()
@@ -330,137 +526,45 @@ class PPO(Algorithm):
         return ["update"]
 
     def loss_modules(self) -> list[nn.Module]:
-        """The modules :meth:`minibatch_loss` computes with, each parameter in one of them once: the
-        policy and the value function, or with a shared encoder the encoder and the two heads on its
-        features (a module tree holding the encoder twice, tied, does not compile under torch.func)."""
+        """The modules the loss computes with, each parameter in one of them once: the policy and the
+        value function, or with a shared encoder the encoder and the two heads on its features (a module
+        tree holding the encoder twice, tied, does not compile under torch.func)."""
         if self.shared_trunk is not None:
             return list(self.shared_trunk)
         return [self.policy, self.value]
 
+    def loss_function(self) -> MinibatchLoss:
+        """:func:`feed_forward_loss` on this algorithm's networks (with a shared encoder: the encoder once,
+        the heads on its features)."""
+        if self.shared_trunk is not None:
+            return functools.partial(feed_forward_loss, *self.shared_trunk)
+        return functools.partial(feed_forward_loss, None, self.policy, self.value)
+
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
+        """:func:`ppo_update` on the rollout's flat samples (:class:`FlatSampler`)."""
+        config = self.config
+        self.anneal_learning_rate(progress)
+        horizon, num_envs = rollout.rewards.shape
+        with torch.no_grad():  # the value of each step's true next observation (or global state)
+            next_values = self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)
+        return ppo_update(
+            rollout,
+            next_values,
+            FlatSampler(minibatch_size(config), self.device),
+            self.loss_function(),
+            functools.partial(self.minimise, optimizer=self.optimizer, max_grad_norm=config.max_grad_norm),
+            update_settings(config, gae=self.gae),
+            torch.tensor(self.optimizer.param_groups[0]["lr"]),
+            self.gradient_step if self.group is None else None,
+            self.group,
+        )
+
+    def anneal_learning_rate(self, progress: float) -> None:
+        """With ``anneal_lr``: the learning rate falls linearly to 0 at ``progress`` 1."""
         config = self.config
         if config.anneal_lr:
             for group in self.optimizer.param_groups:
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
-
-        # 1-2. Advantages from the value of each step's true next observation (or global state).
-        with torch.no_grad():
-            next_values = self.next_values(rollout)  # (T, N)
-        advantages, returns = rollout_advantages(
-            rollout, next_values, config.gamma, config.gae_lambda, self.gae
-        )
-
-        old_log_probs = rollout.log_probs.flatten()  # (T*N,)
-        old_values = rollout.values.flatten()
-        advantages = advantages.flatten()
-        returns = returns.flatten()
-        # The per-sample scalars as rows of one tensor, so that a minibatch gathers them in one op.
-        targets = torch.stack((old_log_probs, advantages, old_values, returns))  # (4, T*N)
-        inputs = self.loss_inputs(rollout)
-
-        # 3. Minibatch epochs. The metrics are computed once, after them, from what each step kept.
-        compiled_step = self.gradient_step if self.group is None else None
-        step_metrics: list[dict[str, torch.Tensor]] = []  # policy_loss, value_loss, entropy of each step
-        ratios: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ratio, log_ratio) of each step
-        for _epoch in range(self.num_epochs()):
-            for index in self.minibatch_indices(rollout):
-                if compiled_step is None:
-                    loss, (metrics, ratio, log_ratio) = self.minibatch_loss(targets, index, *inputs)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer_step(self.optimizer, config.max_grad_norm)
-                else:
-                    _, (metrics, ratio, log_ratio) = compiled_step(targets, index, *inputs)
-                step_metrics.append(metrics)
-                ratios.append((ratio, log_ratio))
-            if self.stop_early(*ratios[-1]):
-                break
-
-        with torch.no_grad():  # losses: means over the gradient steps; the rest: over all their samples
-            metrics = {
-                name: torch.stack([step[name] for step in step_metrics]).mean() for name in step_metrics[0]
-            }
-            ratio, log_ratio = (torch.cat(values) for values in zip(*ratios, strict=True))  # every sample's
-            metrics.update(ratio_metrics(ratio, log_ratio, self.loss_hyperparameters().clip_range))
-            explained = 1 - (returns - old_values).var() / (returns.var() + 1e-8)
-        metrics["explained_variance"] = explained
-        metrics["learning_rate"] = torch.tensor(self.optimizer.param_groups[0]["lr"])
-        metrics["gradient_steps"] = torch.tensor(float(len(step_metrics)))
-        return metrics
-
-    def next_values(self, rollout: RolloutBuffer) -> Tensor:
-        """The value ``(T, N)`` of every step's true next observation (or global state)."""
-        horizon, num_envs = rollout.rewards.shape
-        return self.value(rollout.next_critic_obs.flatten(0, 1)).view(horizon, num_envs)
-
-    def loss_inputs(self, rollout: RolloutBuffer) -> tuple[Tensor | None, ...]:
-        """What :meth:`minibatch_loss` reads of the rollout besides the targets, flattened ``(T*N, ...)``:
-        observations, actions and the value function's input (None: it reads the observations)."""
-        obs = rollout.obs.flatten(0, 1)  # (T*N, obs_dim)
-        actions = rollout.actions.flatten(0, 1)  # (T*N,) or (T*N, act_dim)
-        # (T*N, critic_dim): the value function's input, if it is not obs itself (a centralised critic)
-        critic_obs = None if rollout.critic_obs is rollout.obs else rollout.critic_obs.flatten(0, 1)
-        return obs, actions, critic_obs
-
-    def minibatch_indices(self, rollout: RolloutBuffer) -> list[Tensor]:
-        """One epoch's minibatches: shuffled indices into the ``T*N`` flattened samples."""
-        batch_size = rollout.rewards.numel()
-        permutation = torch.randperm(batch_size, device=self.device)
-        return list(permutation.split(self.minibatch_size(batch_size)))
-
-    def minibatch_loss(
-        self, targets: Tensor, index: Tensor, obs: Tensor, actions: Tensor, critic_obs: Tensor | None
-    ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
-        """The loss of the minibatch ``index`` of the flattened rollout (``targets``: the ``(4, T*N)``
-        old log-probabilities, advantages, old values and returns; ``critic_obs`` None: the value
-        function reads ``obs``), with the step's metrics, ratios and log-ratios."""
-        minibatch_obs = obs[index]
-        old_log_probs, advantages, old_values, returns = targets.index_select(1, index)
-        batch = ActorCriticBatch(
-            minibatch_obs,
-            actions[index],
-            old_log_probs,
-            advantages,
-            old_values,
-            returns,
-            minibatch_obs if critic_obs is None else critic_obs[index],
-        )
-        policy, value = self.policy, self.value
-        if self.shared_trunk is not None:  # the encoder once, both heads on its features
-            encoder, policy, value = self.shared_trunk
-            features = encoder(minibatch_obs)
-            batch = batch._replace(obs=features, critic_obs=features)
-        result = actor_critic_loss(policy, value, batch, self.loss_hyperparameters())
-        return result.loss, (result.metrics, result.ratio, result.log_ratio)
-
-    # The pieces where A2C differs.
-    def num_epochs(self) -> int:
-        return self.config.epochs
-
-    def minibatch_size(self, batch_size: int) -> int:
-        return self.config.minibatch_size
-
-    def loss_hyperparameters(self) -> ActorCriticHyperparameters:
-        """The config's values of :func:`actor_critic_loss`'s hyperparameters."""
-        config = self.config
-        return ActorCriticHyperparameters(
-            config.value_coef,
-            config.entropy_coef,
-            config.clip_range,
-            config.clip_value,
-            config.normalize_advantages,
-        )
-
-    def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
-        """After an epoch: whether the approximate KL of its last step exceeds target_kl."""
-        target = self.config.target_kl
-        if target is None:
-            return False
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        if self.group is not None:  # every learner must stop after the same epoch: decide on the mean
-            approx_kl = approx_kl.reshape(1).clone()
-            self.group.average([approx_kl])
-        return bool(approx_kl > target)  # one host sync per epoch, only if target_kl is set
 
 
 class A2C(PPO):
@@ -475,19 +579,3 @@ class A2C(PPO):
         return make_rmsprop(
             self.parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
         )
-
-    def num_epochs(self) -> int:
-        return 1
-
-    def minibatch_size(self, batch_size: int) -> int:
-        return batch_size
-
-    def loss_hyperparameters(self) -> ActorCriticHyperparameters:
-        """The plain policy gradient, no value clipping."""
-        config = self.config
-        return ActorCriticHyperparameters(
-            config.value_coef, config.entropy_coef, None, None, config.normalize_advantages
-        )
-
-    def stop_early(self, ratio: torch.Tensor, log_ratio: torch.Tensor) -> bool:
-        return False

@@ -16,9 +16,10 @@ the observation after a done is the next episode's first), so an episode never s
 reset) and the episode-start flags (:class:`RecurrentRolloutBuffer`), and the memory after the last
 step; the update recomputes from them exactly the memory the policy acted with.
 
-**Update.** The learning rule is PPO's (:func:`~phalanx.algos.ppo.actor_critic_loss`, GAE, the
-optimiser, A2C's differences) unchanged; what differs is how a minibatch is formed and how its
-log-probabilities and values are computed. Each sub-env's rollout of ``horizon`` steps is cut into
+**Update.** PPO's update (:func:`~phalanx.algos.ppo.ppo_update`: GAE, the epochs, the loss, the
+optimiser, A2C's differences) unchanged; what differs is how a minibatch is formed
+(:class:`SequenceSampler`) and how its log-probabilities and values are computed (:func:`sequence_loss`).
+Each sub-env's rollout of ``horizon`` steps is cut into
 sequences of ``sequence_length`` steps (default: the whole horizon); a minibatch is a random set of
 ``minibatch_size / sequence_length`` sequences (A2C: all of them). A sequence is run through the LSTM
 from its stored first memory, the memory zeroed inside it where an episode starts, and the gradient
@@ -27,7 +28,7 @@ starts from). A minibatch's sequences run as one call of the ``nn.LSTM`` (one op
 forward and backward; :meth:`RecurrentActorCritic.unroll`), not step by step: each stretch between
 episode starts is a row of its own. A sequence's first ``burn_in`` steps run without gradient and are
 left out of the loss: they only warm the memory with the current weights. Bootstrapping values of
-truncated episodes read the memory after the step (:meth:`RecurrentPPO.next_values`).
+truncated episodes read the memory after the step (:meth:`RecurrentPPO.update`).
 
 **Acting outside training**: :meth:`RecurrentPPO.act_with_memory` (a pure function of observations,
 memory and episode starts); :func:`actor` wraps any algorithm as an :class:`Actor` that acts on a
@@ -37,7 +38,8 @@ agents act through it). :class:`RecurrentActing` is the export form: memory in, 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
 import torch
@@ -50,9 +52,13 @@ from phalanx.algos.ppo import (
     A2CConfig,
     ActorCriticBatch,
     ActorCriticConfig,
+    ActorCriticHyperparameters,
     PolicyHead,
     PPOConfig,
     actor_critic_loss,
+    minibatch_size,
+    ppo_update,
+    update_settings,
 )
 from phalanx.buffers import RolloutBuffer, compute_gae
 from phalanx.errors import CheckpointError, ConfigError
@@ -335,76 +341,107 @@ class RecurrentPPO(PPO):
         compiled step would be a graph per size."""
         return []
 
-    def next_values(self, rollout: RecurrentRolloutBuffer) -> Tensor:  # type: ignore[override]
-        """The value ``(T, N)`` of every step's true next observation with the memory after the step (the
-        next step's stored memory, the final memory after the last step), all steps as one batch."""
+    def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, Tensor]:
+        """:func:`~phalanx.algos.ppo.ppo_update` on the rollout's sequences (:class:`SequenceSampler`,
+        :func:`sequence_loss`); the value of every step's true next observation with the memory after the
+        step (the next step's stored memory, the final memory after the last step), all steps as one
+        batch."""
+        memory = cast(RecurrentRolloutBuffer, rollout)
+        config = self.config
+        self.anneal_learning_rate(progress)
         horizon, num_envs = rollout.rewards.shape
-        after = torch.cat((rollout.memory[1:], rollout.final_memory.unsqueeze(0)))  # (T, N, M, H)
-        hidden, _ = self.network.step(rollout.next_obs.flatten(0, 1), after.flatten(0, 1))
-        return self.network.value(hidden).view(horizon, num_envs)
+        with torch.no_grad():
+            after = torch.cat((memory.memory[1:], memory.final_memory.unsqueeze(0)))  # (T, N, M, H)
+            hidden, _ = self.network.step(rollout.next_obs.flatten(0, 1), after.flatten(0, 1))
+            next_values = self.network.value(hidden).view(horizon, num_envs)
+        length = config.sequence_steps()
+        samples = minibatch_size(config) or horizon * num_envs
+        return ppo_update(
+            rollout,
+            next_values,
+            SequenceSampler(length, samples // length, self.device),
+            functools.partial(sequence_loss, self.network, config.burn_in),
+            functools.partial(self.minimise, optimizer=self.optimizer, max_grad_norm=config.max_grad_norm),
+            update_settings(config, gae=self.gae),
+            torch.tensor(self.optimizer.param_groups[0]["lr"]),
+            None,  # eager (see compile)
+            self.group,
+        )
 
-    def loss_inputs(self, rollout: RecurrentRolloutBuffer) -> tuple[Tensor, ...]:  # type: ignore[override]
+
+class SequenceSampler:
+    """A recurrent policy's minibatches (a :class:`~phalanx.algos.ppo.Sampler`): shuffled sets of
+    ``per_minibatch`` sequences of ``length`` steps, each the inputs of :func:`sequence_loss`; the shuffle
+    from the global generator."""
+
+    def __init__(self, length: int, per_minibatch: int, device: torch.device | str) -> None:
+        self.length = length
+        self.per_minibatch = per_minibatch
+        self.device = device
+
+    def flatten(self, steps: Tensor) -> Tensor:
+        return steps.flatten(0, 1)
+
+    def data(self, rollout: RolloutBuffer, targets: Tensor) -> tuple[Tensor, ...]:
         """The rollout as sequences, once per update (a minibatch then gathers its sequences in one op
-        each): chunk c of sub-env n's rollout (its steps ``[c * L, (c + 1) * L)``) is sequence
-        ``c * N + n`` (the ids of :meth:`minibatch_indices`). Observations, actions and episode starts
+        each): chunk c of sub-env n's rollout (its steps ``[c * L, (c + 1) * L)``) is sequence ``c * N + n``
+        (the ids of :meth:`minibatches`). ``targets``; observations, actions and episode starts
         ``(L, S, ...)``, the stored memory before each sequence's first step ``(S, M, H)`` and the index of
         each step in the flattened ``(T * N)`` rollout ``(L, S)`` (where its targets are)."""
+        memory = cast(RecurrentRolloutBuffer, rollout)
         horizon, num_envs = rollout.rewards.shape
-        length = self.config.sequence_steps()
+        length = self.length
 
         def sequences(steps: Tensor) -> Tensor:  # (T, N, ...) -> (L, S, ...)
             return steps.view(horizon // length, length, *steps.shape[1:]).transpose(0, 1).flatten(1, 2)
 
         sample_index = torch.arange(horizon * num_envs, device=self.device).view(horizon, num_envs)
-        first_memory = sequences(rollout.memory)[0]
+        first_memory = sequences(memory.memory)[0]
         return (
+            targets,
             sequences(rollout.obs),
             sequences(rollout.actions),
-            sequences(rollout.episode_starts),
+            sequences(memory.episode_starts),
             first_memory,
             sequences(sample_index),
         )
 
-    def minibatch_indices(self, rollout: RolloutBuffer) -> list[Tensor]:
-        """One epoch's minibatches of sequences: shuffled sequence ids (see :meth:`loss_inputs`),
-        ``minibatch_size / L`` per minibatch."""
-        horizon, num_envs = rollout.rewards.shape
-        length = self.config.sequence_steps()
-        sequences = horizon // length * num_envs
-        per_minibatch = self.minibatch_size(horizon * num_envs) // length
-        return list(torch.randperm(sequences, device=self.device).split(per_minibatch))
+    def minibatches(self, data: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """One epoch's minibatches of sequences: shuffled sequence ids (see :meth:`data`)."""
+        targets, obs, *inputs = data
+        permutation = torch.randperm(obs.shape[1], device=self.device)
+        return [(targets, index, obs, *inputs) for index in permutation.split(self.per_minibatch)]
 
-    def minibatch_loss(  # type: ignore[override]
-        self,
-        targets: Tensor,
-        index: Tensor,
-        obs: Tensor,
-        actions: Tensor,
-        episode_starts: Tensor,
-        first_memory: Tensor,
-        sample_index: Tensor,
-    ) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
-        """The loss of the sequences ``index`` (the sequences of :meth:`loss_inputs`): each run through the
-        LSTM/GRU from its stored first memory, the first ``burn_in`` steps without gradient and out of the
-        loss."""
-        burn_in = self.config.burn_in
-        sequence_obs, starts = obs[:, index], episode_starts[:, index]  # (L, S, ...), (L, S)
-        start_memory = first_memory[index]  # (S, M, H)
-        if burn_in:
-            with torch.no_grad():
-                start_memory = self.network.steps(sequence_obs[:burn_in], start_memory, starts[:burn_in])
-        hidden = self.network.unroll(sequence_obs[burn_in:], start_memory, starts[burn_in:])
-        hidden = hidden.flatten(0, 1)  # ((L - burn_in) * S, H), time-major as the flat index below
-        flat = sample_index[burn_in:, index].flatten()  # into the (T * N) targets
-        old_log_probs, advantages, old_values, returns = targets.index_select(1, flat)
-        batch = ActorCriticBatch(
-            hidden, actions[burn_in:, index].flatten(0, 1), old_log_probs, advantages, old_values, returns,
-            hidden,
-        )  # fmt: skip
-        result = actor_critic_loss(
-            self.network.policy, self.network.value, batch, self.loss_hyperparameters()
-        )
-        return result.loss, (result.metrics, result.ratio, result.log_ratio)
+
+def sequence_loss(
+    network: RecurrentActorCritic,
+    burn_in: int,
+    hyperparameters: ActorCriticHyperparameters,
+    targets: Tensor,
+    index: Tensor,
+    obs: Tensor,
+    actions: Tensor,
+    episode_starts: Tensor,
+    first_memory: Tensor,
+    sample_index: Tensor,
+) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
+    """:func:`~phalanx.algos.ppo.actor_critic_loss` of the sequences ``index`` (of
+    :meth:`SequenceSampler.data`): each run through the LSTM/GRU from its stored first memory, the first
+    ``burn_in`` steps without gradient and out of the loss."""
+    sequence_obs, starts = obs[:, index], episode_starts[:, index]  # (L, S, ...), (L, S)
+    start_memory = first_memory[index]  # (S, M, H)
+    if burn_in:
+        with torch.no_grad():
+            start_memory = network.steps(sequence_obs[:burn_in], start_memory, starts[:burn_in])
+    hidden = network.unroll(sequence_obs[burn_in:], start_memory, starts[burn_in:])
+    hidden = hidden.flatten(0, 1)  # ((L - burn_in) * S, H), time-major as the flat index below
+    flat = sample_index[burn_in:, index].flatten()  # into the (T * N) targets
+    old_log_probs, advantages, old_values, returns = targets.index_select(1, flat)
+    batch = ActorCriticBatch(
+        hidden, actions[burn_in:, index].flatten(0, 1), old_log_probs, advantages, old_values, returns, hidden
+    )
+    result = actor_critic_loss(network.policy, network.value, batch, hyperparameters)
+    return result.loss, (result.metrics, result.ratio, result.log_ratio)
 
 
 class RecurrentA2C(RecurrentPPO, A2C):

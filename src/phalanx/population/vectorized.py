@@ -2,16 +2,18 @@
 :mod:`phalanx.population.vectorized_base` for what every vectorized population shares).
 
 A round is one rollout of ``horizon`` steps of every member's sub-envs and one PPO update of every
-member on it, by PPO's own loss (:func:`phalanx.algos.ppo.actor_critic_loss`, called once for all P
-members): policies and value networks are :class:`~phalanx.nets.EnsembleMLP` s, GAE takes ``(P,)``
-gamma and lambda, gradients are clipped per member and :class:`~phalanx.optim.VectorizedAdam` steps
-the members' flat ``(P, D)`` parameters with a learning rate per member. On CPU, member i ends where
-``phalanx.train`` with ``seed = seeds[i]`` and member i's hyperparameters ends (within float rounding);
-tests check it. ``benchmarks/population_vectorized.py`` measures P members against one.
+member on it, by PPO's own update (:func:`phalanx.algos.ppo.ppo_update`, called once for all P members,
+with a :class:`MemberSampler`): policies and value networks are :class:`~phalanx.nets.EnsembleMLP` s,
+GAE takes ``(P,)`` gamma and lambda, gradients are clipped per member and
+:class:`~phalanx.optim.VectorizedAdam` steps the members' flat ``(P, D)`` parameters with a learning
+rate per member. On CPU, member i ends where ``phalanx.train`` with ``seed = seeds[i]`` and member i's
+hyperparameters ends (within float rounding); tests check it. ``benchmarks/population_vectorized.py``
+measures P members against one.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +24,10 @@ from phalanx.algos.ppo import (
     PPO,
     ActorCriticBatch,
     ActorCriticHyperparameters,
+    MinibatchLoss,
     actor_critic_loss,
-    ratio_metrics,
-    rollout_advantages,
+    ppo_update,
+    update_settings,
 )
 from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan, observation_dtype
 from phalanx.config import TrainConfig
@@ -67,7 +70,7 @@ class VectorizedPPO(VectorizedPopulation):
 
     ``config`` is an ordinary PPO TrainConfig (``phalanx.make_config("ppo", env, ...)``); ``total_steps``
     is the horizon of ``anneal_lr`` only. A round is one rollout of ``horizon`` steps of every member's
-    sub-envs and one PPO update of every member on it, by :func:`~phalanx.algos.ppo.actor_critic_loss`.
+    sub-envs and one PPO update of every member on it, by :func:`~phalanx.algos.ppo.ppo_update`.
     """
 
     algorithm_class = PPO
@@ -169,7 +172,7 @@ class VectorizedPPO(VectorizedPopulation):
             self.gradient_step = GradientStep(
                 self.optimizer,
                 [self.policy, self.value],
-                self._minibatch_loss,
+                self.loss_function(),
                 self.hyperparameter_tensors["max_grad_norm"],
             )
             self.gradient_step.compile()
@@ -207,67 +210,62 @@ class VectorizedPPO(VectorizedPopulation):
             self._record_episodes(dones, info)
             self.obs = next_obs
 
-    def _by_member(self, x: Tensor) -> Tensor:
-        """``(T, P * N, ...)`` rollout rows as ``(P, T * N, ...)``: member p's samples in the order of a
-        single run's flattened ``(T * N, ...)`` rollout."""
-        horizon, members = x.shape[0], self.num_members
-        by_member = x.view(horizon, members, self.num_envs, *x.shape[2:]).transpose(0, 1)
-        return by_member.reshape(members, horizon * self.num_envs, *x.shape[2:])
-
     def _update(self, progress: float) -> dict[str, Tensor]:
-        """PPO.update for every member at once: GAE, then epochs of shuffled minibatches, each
-        :func:`actor_critic_loss` of every member, gradient clipping per member, a VectorizedAdam step.
-
-        The metrics, as PPO.update's: ``(P,)`` means over the gradient steps."""
+        """:func:`~phalanx.algos.ppo.ppo_update` of every member at once: GAE with each member's gamma and
+        lambda, epochs of minibatches of each member's own shuffles (:class:`MemberSampler`),
+        :func:`member_loss`, gradient clipping per member and a VectorizedAdam step with a learning rate
+        per member. The metrics, as PPO.update's, ``(P,)``."""
         config = self.config.hyperparameters
         if config.anneal_lr:
             self.lr_factor = max(1.0 - progress, 0.0)
-        learning_rate = self.hyperparameter_tensors["learning_rate"] * self.lr_factor  # (P,) float64
-        max_grad_norm = self.hyperparameter_tensors["max_grad_norm"].float()  # (P,), inf: no clipping
-        hyperparameters = self._loss_hyperparameters()
-        samples, old_values, returns = self._samples()  # (P, T*N, F), (P, T*N), (P, T*N)
-        batch_size, minibatch_size = samples.shape[1], config.minibatch_size
-        metric_sums: Tensor | None = None  # (P, K) running sums of the step metrics
-        metric_names: list[str] = []
-        num_steps = 0
-        for permutation in self._permutations(batch_size):  # (P, T*N) each epoch
-            shuffled = samples.gather(1, permutation.unsqueeze(-1).expand(-1, -1, samples.shape[-1]))
-            for start in range(0, batch_size, minibatch_size):
-                minibatch = shuffled[:, start : start + minibatch_size]
-                if self.gradient_step is None:
-                    loss, step_metrics = self._minibatch_loss(minibatch, hyperparameters)
-                    self.gradients.zero_()
-                    member_backward(loss)
-                    with torch.no_grad():
-                        if self._clips_gradients:  # clip_grad_norm_ per member, over all its parameters
-                            clip_member_grad_norm(self.gradients, max_grad_norm)
-                        self.optimizer.step(learning_rate)
-                else:
-                    _, step_metrics = self.gradient_step(
-                        minibatch, hyperparameters, learning_rate=learning_rate
-                    )
-                step_values = torch.stack(list(step_metrics.values()), dim=1)  # (P, K)
-                metric_sums = step_values if metric_sums is None else metric_sums + step_values
-                metric_names = list(step_metrics)
-                num_steps += 1
+        hp = self.hyperparameter_tensors  # (P,) each
+        learning_rate = hp["learning_rate"] * self.lr_factor  # (P,) float64
+        max_grad_norm = hp["max_grad_norm"].float()  # (P,), inf: no clipping
+        rollout = self.buffer  # (T, P * N): the env's row layout
+        members, horizon, num_envs = self.num_members, self.horizon, self.num_envs
+        sampler = MemberSampler(members, num_envs, config.minibatch_size, self.generators, self.discrete)
+        with torch.no_grad():  # the value of each step's true next observation, in the env's row layout
+            next_values = self.value(sampler.flatten(rollout.next_obs))  # (P, T * N)
+            next_values = (
+                next_values.view(members, horizon, num_envs).transpose(0, 1).reshape_as(rollout.values)
+            )
+        settings = update_settings(  # gamma and lambda: the members' values repeated for each of their rows
+            config,
+            gamma=hp["gamma"].float().repeat_interleave(num_envs),
+            gae_lambda=hp["gae_lambda"].float().repeat_interleave(num_envs),
+            loss=self._loss_hyperparameters(),
+            gae=self.gae,
+        )
+        compiled_step = (
+            None
+            if self.gradient_step is None
+            else functools.partial(self.gradient_step, learning_rate=learning_rate)
+        )
+        return ppo_update(
+            rollout,
+            next_values,
+            sampler,
+            self.loss_function(),
+            functools.partial(self._minimise, learning_rate=learning_rate, max_grad_norm=max_grad_norm),
+            settings,
+            learning_rate.float(),
+            compiled_step,
+        )
 
-        assert metric_sums is not None
-        metrics = dict(zip(metric_names, (metric_sums / num_steps).unbind(dim=1), strict=True))
+    def loss_function(self) -> MinibatchLoss:
+        """:func:`member_loss` on the members' networks."""
+        obs_dim = self.observation_space.shape[0]
+        return functools.partial(member_loss, self.policy, self.value, obs_dim, self.discrete)
+
+    def _minimise(self, loss: Tensor, learning_rate: Tensor, max_grad_norm: Tensor) -> None:
+        """The eager gradient step of every member on its loss ``(P,)``: gradients, clipping per member
+        (clip_grad_norm_ over all its parameters), a VectorizedAdam step."""
+        self.gradients.zero_()
+        member_backward(loss)
         with torch.no_grad():
-            explained = 1 - (returns - old_values).var(dim=1) / (returns.var(dim=1) + 1e-8)
-        metrics["explained_variance"] = explained
-        metrics["learning_rate"] = learning_rate.float()
-        metrics["gradient_steps"] = torch.full((self.num_members,), float(num_steps), device=self.device)
-        return metrics
-
-    def _minibatch_loss(
-        self, minibatch: Tensor, hyperparameters: ActorCriticHyperparameters
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every member's loss ``(P,)`` on its ``(P, M, F)`` minibatch of the shuffled samples, with the
-        step's ``(P,)`` metrics (the loss's and :func:`ratio_metrics`)."""
-        result = actor_critic_loss(self.policy, self.value, self._minibatch(minibatch), hyperparameters)
-        ratios = ratio_metrics(result.ratio, result.log_ratio, hyperparameters.clip_range)
-        return result.loss, {**result.metrics, **ratios}
+            if self._clips_gradients:
+                clip_member_grad_norm(self.gradients, max_grad_norm)
+            self.optimizer.step(learning_rate)
 
     def _loss_hyperparameters(self) -> ActorCriticHyperparameters:
         """The members' values of the loss's hyperparameters, float64 tensors: ``(P, 1)`` for the clip
@@ -280,60 +278,6 @@ class VectorizedPPO(VectorizedPopulation):
             clip_range=hp["clip_range"].unsqueeze(1),
             clip_value=hp["clip_value"].unsqueeze(1) if self._clips_values else None,
             normalize_advantages=self.config.hyperparameters.normalize_advantages,
-        )
-
-    def _samples(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Every member's samples of the rollout in one ``(P, T*N, obs_dim + A + 4)`` tensor (observation,
-        action, old log-probability, GAE advantage, old value, return), so that a shuffle is one gather
-        per epoch; and the ``(P, T*N)`` old values and returns."""
-        rollout, hp = self.buffer, self.hyperparameter_tensors
-        # Advantages from the value of each step's true next observation, in the env's row layout.
-        with torch.no_grad():
-            next_values = self.value(self._by_member(rollout.next_obs))  # (P, T * N)
-            next_values = (
-                next_values.view(self.num_members, self.horizon, self.num_envs)
-                .transpose(0, 1)
-                .reshape_as(rollout.values)
-            )
-        rows = self.num_envs  # the members' (P,) values, repeated for each of their rows
-        advantages, returns = rollout_advantages(
-            rollout,
-            next_values,
-            hp["gamma"].float().repeat_interleave(rows),
-            hp["gae_lambda"].float().repeat_interleave(rows),
-            self.gae,
-        )  # (T, P * N) each
-        obs = self._by_member(rollout.obs)  # (P, T*N, obs_dim)
-        actions = self._by_member(rollout.actions).to(obs.dtype)  # (P, T*N) or (P, T*N, A)
-        if self.discrete:
-            actions = actions.unsqueeze(-1)
-        old_log_probs, advantages, old_values, returns = (
-            self._by_member(x) for x in (rollout.log_probs, advantages, rollout.values, returns)
-        )  # (P, T*N) each
-        targets = torch.stack((old_log_probs, advantages, old_values, returns), dim=-1)  # (P, T*N, 4)
-        return torch.cat((obs, actions, targets), dim=-1), old_values, returns
-
-    def _minibatch(self, minibatch: Tensor) -> ActorCriticBatch:
-        """A ``(P, M, F)`` slice of the shuffled samples as the loss's batch."""
-        obs_dim = self.observation_space.shape[0]
-        obs, actions, targets = minibatch.split([obs_dim, minibatch.shape[-1] - obs_dim - 4, 4], dim=-1)
-        if self.discrete:
-            actions = actions.squeeze(-1)
-        old_log_probs, advantages, old_values, returns = targets.unbind(-1)  # (P, M) each
-        return ActorCriticBatch(obs, actions, old_log_probs, advantages, old_values, returns, obs)
-
-    def _permutations(self, batch_size: int) -> Tensor:
-        """``(epochs, P, T*N)``: each member's shuffles, epoch after epoch, from its own generator (the
-        draws of a single run)."""
-        epochs = self.config.hyperparameters.epochs
-        return torch.stack(
-            [
-                torch.stack(
-                    [torch.randperm(batch_size, generator=g, device=self.device) for _ in range(epochs)]
-                )
-                for g in self.generators
-            ],
-            dim=1,
         )
 
     # -- a member as a single PPO --------------------------------------------------------------------------
@@ -357,3 +301,66 @@ class VectorizedPPO(VectorizedPopulation):
     def _single_tensors(self, row: Tensor) -> list[Tensor]:
         """A member's ``(D,)`` row of the flat parameters as the tensors of a single PPO's ``parameters``."""
         return self._layout.tensors(row)
+
+
+class MemberSampler:
+    """P members' minibatches side by side (a :class:`~phalanx.algos.ppo.Sampler`): each epoch, member
+    p's samples shuffled by its own generator (the draws of a single run with its seed), cut into
+    minibatches of ``minibatch_size``; each the ``(P, M, F)`` slice of every member's samples packed in
+    one tensor (observation, action, old log-probability, advantage, old value, return), so that a
+    shuffle is one gather per epoch: the input of :func:`member_loss`."""
+
+    def __init__(
+        self,
+        members: int,
+        num_envs: int,
+        minibatch_size: int,
+        generators: list[torch.Generator],
+        discrete: bool,
+    ) -> None:
+        self.members, self.num_envs, self.minibatch_size = members, num_envs, minibatch_size
+        self.generators = generators
+        self.discrete = discrete
+
+    def flatten(self, steps: Tensor) -> Tensor:
+        """``(T, P * N, ...)`` rollout rows as ``(P, T * N, ...)``: member p's samples in the order of a
+        single run's flattened ``(T * N, ...)`` rollout."""
+        horizon, members = steps.shape[0], self.members
+        by_member = steps.view(horizon, members, self.num_envs, *steps.shape[2:]).transpose(0, 1)
+        return by_member.reshape(members, horizon * self.num_envs, *steps.shape[2:])
+
+    def data(self, rollout: RolloutBuffer, targets: Tensor) -> tuple[Tensor]:
+        """Every member's samples in one ``(P, T*N, obs_dim + A + 4)`` tensor."""
+        obs = self.flatten(rollout.obs)  # (P, T*N, obs_dim)
+        actions = self.flatten(rollout.actions).to(obs.dtype)  # (P, T*N) or (P, T*N, A)
+        if self.discrete:
+            actions = actions.unsqueeze(-1)
+        return (torch.cat((obs, actions, targets.movedim(0, -1)), dim=-1),)
+
+    def minibatches(self, data: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        (samples,) = data
+        batch_size, size = samples.shape[1], self.minibatch_size
+        permutation = torch.stack(
+            [torch.randperm(batch_size, generator=g, device=samples.device) for g in self.generators]
+        )  # (P, T*N)
+        shuffled = samples.gather(1, permutation.unsqueeze(-1).expand(-1, -1, samples.shape[-1]))
+        return [(shuffled[:, start : start + size],) for start in range(0, batch_size, size)]
+
+
+def member_loss(
+    policy: MemberCategoricalPolicy | MemberGaussianPolicy,
+    value: MemberValueNet,
+    obs_dim: int,
+    discrete: bool,
+    hyperparameters: ActorCriticHyperparameters,
+    minibatch: Tensor,
+) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor, Tensor]]:
+    """Every member's :func:`~phalanx.algos.ppo.actor_critic_loss` ``(P,)`` on its ``(P, M, F)`` minibatch
+    of :class:`MemberSampler`'s packed samples."""
+    obs, actions, targets = minibatch.split([obs_dim, minibatch.shape[-1] - obs_dim - 4, 4], dim=-1)
+    if discrete:
+        actions = actions.squeeze(-1)
+    old_log_probs, advantages, old_values, returns = targets.unbind(-1)  # (P, M) each
+    batch = ActorCriticBatch(obs, actions, old_log_probs, advantages, old_values, returns, obs)
+    result = actor_critic_loss(policy, value, batch, hyperparameters)
+    return result.loss, (result.metrics, result.ratio, result.log_ratio)
