@@ -99,6 +99,12 @@ class MarketData:
     missing: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per ticker with missing bars: {"missing": bars absent, "filled": forward-filled, "dropped": ...}."""
 
+    @classmethod
+    def of_closes(cls, dates: np.ndarray, tickers: list[str], close: np.ndarray, source: str) -> MarketData:
+        """Close-only data: open, high and low are the ``close`` array itself, and there is no volume."""
+        # positional: dates, tickers, then close, open, high and low
+        return cls(dates, tickers, close, close, close, close, volume=None, source=source, close_only=True)
+
     @property
     def num_bars(self) -> int:
         return int(self.close.shape[0])

@@ -234,9 +234,7 @@ def load_long(
         dates=calendar.astype("datetime64[ns]"),
         tickers=list(wanted),
         close=close_grid,
-        open=grids["open"],
-        high=grids["high"],
-        low=grids["low"],
+        **grids,
         volume=volume_grid,
         source=where,
         close_only=close_only,
@@ -359,14 +357,4 @@ def load_wide(
             f"{where}: no prices for {', '.join(absent)} between {start or 'the start'} and "
             f"{end or 'the end'} (every value is empty). Choose other tickers or dates."
         )
-    return MarketData(
-        dates=times.astype("datetime64[ns]"),
-        tickers=list(wanted),
-        close=close,
-        open=close,
-        high=close,
-        low=close,
-        volume=None,
-        source=where,
-        close_only=True,
-    )
+    return MarketData.of_closes(times.astype("datetime64[ns]"), list(wanted), close, where)

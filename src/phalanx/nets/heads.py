@@ -86,16 +86,63 @@ def log_softmax_actions_first(logits: Tensor) -> Tensor:
     return torch.log_softmax(logits.movedim(-1, 0), dim=0)  # (A, B...)
 
 
-class CategoricalPolicy(nn.Module):
+class PolicyHead(nn.Module):
+    """What the policy heads share: a sample is drawn in two parts, the random draw of
+    :meth:`draw_noise` (as :attr:`action_noise` says) and :meth:`sample_from`, a function of it."""
+
+    observation_rank = 1
+    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
+
+    @property
+    def action_noise(self) -> ActionNoise:
+        """What :meth:`draw_noise` draws per observation row."""
+        raise NotImplementedError
+
+    @property
+    def noise_dtype(self) -> torch.dtype:
+        """The dtype of the draw: the head's parameters'."""
+        raise NotImplementedError
+
+    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: ``(B, action_noise.size)``
+        values, uniform in [0, 1) or standard normal."""
+        draw = torch.rand if self.action_noise.distribution == "uniform" else torch.randn
+        return draw(
+            (*obs.shape[: -self.observation_rank], self.action_noise.size),
+            generator=generator,
+            device=obs.device,
+            dtype=self.noise_dtype,
+        )
+
+    def sample(
+        self,
+        obs: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(action, log_prob)`` of observations ``obs``: :meth:`sample_from` the draw ``noise``, or
+        deterministic, the most probable action.
+
+        ``noise``: the draw of :meth:`draw_noise`, drawn by the caller (a compiled caller draws outside
+        the graph); None draws it here from ``generator``: the same stream either way.
+        """
+        if deterministic:
+            return self.sample_from(obs, None)
+        return self.sample_from(obs, self.draw_noise(obs, generator) if noise is None else noise)
+
+    def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(action, log_prob)`` of ``obs`` for the draw ``noise`` (None: the most probable action)."""
+        raise NotImplementedError
+
+
+class CategoricalPolicy(PolicyHead):
     """Discrete actions: an MLP gives logits ``(B, num_actions)``; actions are int64 ``(B,)``.
 
     ``encoder`` (from :func:`feature_encoder`): a network in front of the MLP, which then reads its
     ``obs_dim`` features; observations are ``(B, *obs_shape)`` of the encoder's space. None: the
     observations ``(B, obs_dim)`` are the features. (So for every head below.)
     """
-
-    observation_rank = 1
-    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
 
     def __init__(
         self,
@@ -123,38 +170,22 @@ class CategoricalPolicy(nn.Module):
 
     @property
     def action_noise(self) -> ActionNoise:
-        """What :meth:`draw_noise` draws per observation row."""
+        """Uniform noise ``(B, A)``, ``noise[b, a]`` for action a of row b (Gumbel noise once
+        transformed)."""
         return ActionNoise("uniform", self.num_actions)
 
-    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: uniform noise ``(B, A)``,
-        ``noise[b, a]`` for action a of row b (Gumbel noise once transformed)."""
-        return torch.rand(
-            (*obs.shape[: -self.observation_rank], self.num_actions),
-            generator=generator,
-            device=obs.device,
-            dtype=self.logits_net[-1].weight.dtype,
-        )
+    @property
+    def noise_dtype(self) -> torch.dtype:
+        return self.logits_net[-1].weight.dtype
 
-    def sample(
-        self,
-        obs: Tensor,
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-        noise: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """``(action, log_prob)``, both ``(B,)``; deterministic takes the argmax.
-
-        ``noise``: the draw of :meth:`draw_noise`, drawn by the caller (a compiled caller draws outside
-        the graph); None draws it here from ``generator``: the same stream either way.
-        """
+    def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(action, log_prob)``, both ``(B,)``; without ``noise``, the argmax."""
         log_probs = log_softmax_actions_first(self(obs))  # (A, B)
-        if deterministic:
+        if noise is None:
             action = log_probs.argmax(dim=0)
         else:  # Gumbel-max trick: argmax(log p + Gumbel noise) ~ Categorical(p)
-            uniform = self.draw_noise(obs, generator) if noise is None else noise  # (B, A)
             # log p + Gumbel noise, as log p - log(-log u): the same bits (x - y is x + (-y)), one op less
-            minus_gumbel = torch.log(-torch.log(uniform)).movedim(-1, 0)  # u = 0 gives +inf: never chosen
+            minus_gumbel = torch.log(-torch.log(noise)).movedim(-1, 0)  # u = 0 gives +inf: never chosen
             # max(...).indices, not argmax: the same index, but argmax over a short leading dim is slower
             action = (log_probs - minus_gumbel).max(dim=0).indices
         log_prob = log_probs.gather(0, action.unsqueeze(0)).squeeze(0)
@@ -174,14 +205,11 @@ class CategoricalPolicy(nn.Module):
         return self(obs).argmax(dim=-1)
 
 
-class GaussianPolicy(nn.Module):
+class GaussianPolicy(PolicyHead):
     """Continuous actions: diagonal Gaussian with an MLP mean and a state-independent ``log_std``.
 
     The mean is unbounded; actions are clipped to the action space later, by an env wrapper.
     """
-
-    observation_rank = 1
-    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
 
     def __init__(
         self,
@@ -210,38 +238,20 @@ class GaussianPolicy(nn.Module):
 
     @property
     def action_noise(self) -> ActionNoise:
-        """What :meth:`draw_noise` draws per observation row."""
+        """Standard normal noise ``(B, action_dim)``."""
         return ActionNoise("normal", self.action_dim)
 
-    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """The random draw of one :meth:`sample` of ``obs`` ``(B, obs_dim)``: standard normal noise
-        ``(B, action_dim)``."""
-        return torch.randn(
-            (*obs.shape[: -self.observation_rank], self.action_dim),
-            generator=generator,
-            device=obs.device,
-            dtype=self.log_std.dtype,
-        )
+    @property
+    def noise_dtype(self) -> torch.dtype:
+        return self.log_std.dtype
 
-    def sample(
-        self,
-        obs: Tensor,
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-        noise: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """``(action (B, action_dim), log_prob (B,))``; deterministic takes the mean.
-
-        ``noise``: the draw of :meth:`draw_noise`, drawn by the caller (a compiled caller draws outside
-        the graph); None draws it here from ``generator``: the same stream either way.
-        """
+    def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(action (B, action_dim), log_prob (B,))``; without ``noise``, the mean."""
         mean, log_std = self(obs)
-        if deterministic:
+        if noise is None:
             action = mean
             log_prob = (-log_std - LOG_SQRT_2PI).sum(dim=-1)
         else:
-            if noise is None:
-                noise = self.draw_noise(obs, generator)
             action = mean + log_std.exp() * noise
             log_prob = (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(dim=-1)
         return action, log_prob
@@ -259,7 +269,7 @@ class GaussianPolicy(nn.Module):
         return self.mean_net(obs)
 
 
-class MultiCategoricalPolicy(nn.Module):
+class MultiCategoricalPolicy(PolicyHead):
     """MultiDiscrete actions: k independent categorical dims, dim i with ``nvec[i]`` actions; an MLP
     gives the logits of all dims at once (``sum(nvec)`` outputs); actions are int64 ``(B, k)``.
 
@@ -268,9 +278,6 @@ class MultiCategoricalPolicy(nn.Module):
     -inf (probability 0), so that every dim is sampled (Gumbel-max, as :class:`CategoricalPolicy`) and
     scored in one op; the random draw is uniform noise ``(B, k * n_max)``.
     """
-
-    observation_rank = 1
-    """The rank of one observation (:func:`encoder_observation_rank`): the batch dims are the others."""
 
     def __init__(
         self,
@@ -313,34 +320,21 @@ class MultiCategoricalPolicy(nn.Module):
 
     @property
     def action_noise(self) -> ActionNoise:
-        """What :meth:`draw_noise` draws per observation row."""
+        """Uniform noise ``(B, k * n_max)``, ``noise[b, i * n_max + a]`` for action a of dim i of row b
+        (Gumbel noise once transformed)."""
         return ActionNoise("uniform", len(self.nvec) * self.max_actions)
 
-    def draw_noise(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """The random draw of one :meth:`sample` of ``obs``: uniform noise ``(B, k * n_max)``,
-        ``noise[b, i * n_max + a]`` for action a of dim i of row b (Gumbel noise once transformed)."""
-        return torch.rand(
-            (*obs.shape[: -self.observation_rank], len(self.nvec) * self.max_actions),
-            generator=generator,
-            device=obs.device,
-            dtype=self.logits_net[-1].weight.dtype,
-        )
+    @property
+    def noise_dtype(self) -> torch.dtype:
+        return self.logits_net[-1].weight.dtype
 
-    def sample(
-        self,
-        obs: Tensor,
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-        noise: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """``(action (B, k), log_prob (B,))``; deterministic takes each dim's argmax. ``noise``: as
-        :meth:`CategoricalPolicy.sample`'s."""
+    def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(action (B, k), log_prob (B,))``; without ``noise``, each dim's argmax."""
         log_probs = self(obs)  # (B, k, n_max)
-        if deterministic:
+        if noise is None:
             action = log_probs.argmax(dim=-1)
         else:  # Gumbel-max per dim; a padded action (-inf) is never chosen, u < 1 keeps it finite
-            uniform = self.draw_noise(obs, generator) if noise is None else noise
-            minus_gumbel = torch.log(-torch.log(uniform)).unflatten(-1, log_probs.shape[-2:])
+            minus_gumbel = torch.log(-torch.log(noise)).unflatten(-1, log_probs.shape[-2:])
             action = (log_probs - minus_gumbel).max(dim=-1).indices
         log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1).sum(dim=-1)
         return action, log_prob
