@@ -210,7 +210,7 @@ class EnsembleCriticLearner(ActorCritic, Protocol):
 
 CriticLoss = Callable[[Any, ReplayBatch, TargetDraws, Any], tuple[Tensor, Tensor]]
 """``(learner, batch, draws, hp) -> (loss, q_mean)``: the critics' loss (``(P,)`` for P members)."""
-ActorLoss = Callable[[Any, Tensor, "Tensor | None", Any], tuple[Tensor, dict[str, Tensor]]]
+ActorLoss = Callable[[Any, Tensor, Tensor | None, Any], tuple[Tensor, dict[str, Tensor]]]
 """``(learner, obs, noise, hp) -> (loss, metrics)``: the actor's loss; ``noise``: its action's noise."""
 AfterActorStep = Callable[[Any, dict[str, Tensor], Any], None]
 """``(learner, actor_metrics, hp)``: what follows each actor step (SAC's temperature step)."""
