@@ -1,12 +1,12 @@
 """The compiled off-policy update computes what the eager update computes, within float rounding.
 
 After ``compile()`` the critics' and the actor's gradient steps of DDPG, TD3, SAC (REDQ's rule) and
-DQN's step each run as one graph (``phalanx.gradient_step.GradientStep``), with every random draw taken
-eagerly before them (``EnsembleCriticRule.draw``): the same generator, order and sizes as the eager update, so
-the global RNG ends where the eager update leaves it. Updates (critics, delayed actor, temperature,
-targets) must end where the eager ones end, checkpoints must cross between the modes, and so for a
-2-member VectorizedSAC. Each compile costs ~10 s or more here, so every compiled object is built once per
-module (nets of [16, 16], one batch size: one graph per gradient step).
+DQN's step each run as one graph (``phalanx.gradient_step.GradientStep``), with every random draw
+taken eagerly before them (``phalanx.algos.ddpg.draw``): the same generator, order and sizes as the
+eager update, so the global RNG ends where the eager update leaves it. Updates (critics, delayed actor,
+temperature, targets) must end where the eager ones end, checkpoints must cross between the modes, and
+so for a 2-member VectorizedSAC. Each compile costs ~10 s or more here, so every compiled object is
+built once per module (nets of [16, 16], one batch size: one graph per gradient step).
 """
 
 from __future__ import annotations

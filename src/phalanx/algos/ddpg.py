@@ -1,14 +1,19 @@
 """DDPG, and the ensemble-critic learning rule that TD3, SAC and REDQ build on.
 
 The K critics are one :class:`~phalanx.nets.EnsembleMLP` (a leading member dimension, batched
-matmuls), not a loop of K modules. :meth:`EnsembleCriticRule.update`, top to bottom:
+matmuls), not a loop of K modules. The rule is plain functions: each algorithm's critic loss and actor
+loss (:func:`ddpg_critic_loss`, :func:`ddpg_actor_loss`; SAC's in :mod:`phalanx.algos.sac`), gathered
+with the noise they take in a :class:`LearningRule` (``DDPG_RULE``, ``TD3_RULE``, ``SAC_RULE``), and one
+update, :func:`ensemble_critic_update`, top to bottom:
 
-1. the TD target ``r + discount * V(s')`` where ``V(s')`` reduces the K target critics at the next
-   action by ``min``, ``mean`` or REDQ's ``min`` over a random subset of M; subclasses choose the next
-   action (DDPG: the target actor; TD3: plus clipped noise; SAC: a sample, minus alpha * log-prob);
-2. the critics' loss: squared TD error summed over members, averaged over the batch;
-3. every ``policy_delay`` updates, the actor's loss (``-mean over critics of Q(s, pi(s))``, plus the
-   entropy term for SAC) and a Polyak step of the target networks.
+1. the random draws of the update (:func:`draw`);
+2. the critics' loss and step: the TD target ``r + discount * V(s')`` where ``V(s')`` reduces the K
+   target critics at the next action by ``min``, ``mean`` or REDQ's ``min`` over a random subset of M
+   (DDPG: the target actor's action; TD3: plus clipped noise; SAC: a sample, minus alpha * log-prob),
+   and the squared TD error summed over critics, averaged over the batch (:func:`td_loss`);
+3. every ``policy_delay`` updates, the actor's loss and step (``-mean over critics of Q(s, pi(s))``,
+   plus the entropy term for SAC), SAC's temperature step, and a Polyak step of the target networks;
+4. the metrics.
 
 ``discount`` folds in n-step returns and terminal states (``phalanx.buffers.ReplayBatch``).
 
@@ -18,8 +23,8 @@ the optimiser steps, and the networks, the batch and any hyperparameter may carr
 dimension ``(P, ...)`` (a member's K critics are then rows ``[p * K, (p + 1) * K)`` of one ensemble).
 Every random draw goes through the learner's :class:`Draws`, so that each member of a population can
 draw exactly what its own single run draws, and all of an update's draws are taken first
-(:meth:`EnsembleCriticRule.draw`): the critics' and the actor's losses are then functions of tensors,
-which the learner minimises eagerly (the reference) or as one compiled graph each
+(:func:`draw`): the critics' and the actor's losses are then functions of tensors, which the learner
+minimises eagerly (the reference) or as one compiled graph each
 (:class:`~phalanx.gradient_step.GradientStep`, after ``compile()``).
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -121,7 +127,7 @@ class Draws:
     """The random draws of a learning rule, from torch's global generator (a single run).
 
     A vectorized population passes its own, which draws each member's slice from that member's
-    generator; the values and their order are the rule's (:meth:`EnsembleCriticRule.draw`), whoever
+    generator; the values and their order are the rule's (:func:`draw`), whoever
     draws them.
     """
 
@@ -172,24 +178,29 @@ class TargetDraws(NamedTuple):
     """REDQ's critics for the target (:func:`reduce_critics`); None for the other reductions."""
 
 
-class EnsembleCriticLearner(Protocol):
-    """What :class:`EnsembleCriticRule` needs of a learner: one algorithm, or P members at once."""
+class ActorCritic(Protocol):
+    """The networks the loss functions read: one algorithm's, or P members' (a leading member dimension)."""
 
     actor: nn.Module
     actor_target: nn.Module
-    """DDPG's and TD3's target actor (SAC has none: its rule does not read it)."""
+    """DDPG's and TD3's target actor (SAC has none: its losses do not read it)."""
     critic: EnsembleMLP
     critic_target: EnsembleMLP
+
+
+class EnsembleCriticLearner(ActorCritic, Protocol):
+    """What :func:`ensemble_critic_update` needs of a learner: one algorithm, or P members at once."""
+
     draws: Draws
     updates: int
 
     def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
-        """One optimiser step of the critics on the rule's :meth:`~EnsembleCriticRule.critic_loss`
-        (``(P,)``: each member's own); its loss and aux, detached."""
+        """One optimiser step of the critics on the rule's :attr:`~LearningRule.critic_loss` (``(P,)``:
+        each member's own); its loss and aux, detached."""
 
     def step_actor(self, obs: Tensor, noise: Tensor | None, hp: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        """One optimiser step of the actor on the rule's :meth:`~EnsembleCriticRule.actor_loss`; its loss
-        and metrics, detached."""
+        """One optimiser step of the actor on the rule's :attr:`~LearningRule.actor_loss`; its loss and
+        metrics, detached."""
 
     def set_critic_grad(self, requires_grad: bool) -> None: ...
 
@@ -197,107 +208,112 @@ class EnsembleCriticLearner(Protocol):
         """A Polyak step of the target networks (``tau`` per member)."""
 
 
-class EnsembleCriticRule:
-    """The update of DDPG, TD3, SAC and REDQ as functions of (learner, batch, hyperparameters).
+CriticLoss = Callable[[Any, ReplayBatch, TargetDraws, Any], tuple[Tensor, Tensor]]
+"""``(learner, batch, draws, hp) -> (loss, q_mean)``: the critics' loss (``(P,)`` for P members)."""
+ActorLoss = Callable[[Any, Tensor, Tensor | None, Any], tuple[Tensor, dict[str, Tensor]]]
+"""``(learner, obs, noise, hp) -> (loss, metrics)``: the actor's loss; ``noise``: its action's noise."""
+AfterActorStep = Callable[[Any, dict[str, Tensor], Any], None]
+"""``(learner, actor_metrics, hp)``: what follows each actor step (SAC's temperature step)."""
+
+
+class LearningRule(NamedTuple):
+    """An ensemble-critic algorithm's learning rule: its loss functions and the noise they take
+    (``DDPG_RULE``, ``td3.TD3_RULE``, ``sac.SAC_RULE``). :func:`ensemble_critic_update` applies it; the
+    compiled gradient steps (:class:`~phalanx.gradient_step.GradientStep`) and a vectorized population
+    minimise the same functions."""
+
+    critic_loss: CriticLoss
+    actor_loss: ActorLoss
+    next_action_noise: bool = False
+    """Whether the TD target's next action takes standard normal noise (:attr:`TargetDraws.noise`)."""
+    actor_noise: bool = False
+    """Whether the actor's loss takes standard normal noise for its action."""
+    after_actor_step: AfterActorStep | None = None
+
+
+def ensemble_critic_update(
+    learner: EnsembleCriticLearner, batch: ReplayBatch, hp: Any, rule: LearningRule
+) -> dict[str, Tensor]:
+    """One update of ``learner`` on ``batch`` by ``rule``; scalar metrics (``(P,)`` for a population).
 
     ``hp`` has the fields of the algorithm's config; the ones a population varies per member are
-    ``(P,)`` tensors there. Subclasses choose the next value and the actor's loss, and say which noise
-    they draw (:attr:`samples_next_action`, :attr:`samples_action`).
+    ``(P,)`` tensors there.
     """
+    actor_update = (learner.updates + 1) % hp.policy_delay == 0
+    target_draws, actor_noise = draw(learner.draws, batch, hp, actor_update, rule)
+    critic_loss, q_mean = learner.step_critic(batch, target_draws, hp)
+    learner.updates += 1
 
-    samples_next_action: ClassVar[bool] = False
-    """Whether the TD target's next action takes standard normal noise (:attr:`TargetDraws.noise`)."""
-    samples_action: ClassVar[bool] = False
-    """Whether the actor's loss takes standard normal noise for its action."""
-
-    @classmethod
-    def update(cls, learner: EnsembleCriticLearner, batch: ReplayBatch, hp: Any) -> dict[str, Tensor]:
-        """One update of ``learner`` on ``batch``; scalar metrics (``(P,)`` for a population)."""
-        actor_update = (learner.updates + 1) % hp.policy_delay == 0
-        target_draws, actor_noise = cls.draw(learner.draws, batch, hp, actor_update)
-        critic_loss, q_mean = learner.step_critic(batch, target_draws, hp)
-        learner.updates += 1
-
-        metrics = {"critic_loss": critic_loss, "q_mean": q_mean}
-        if actor_update:
-            learner.set_critic_grad(False)  # the actor's loss moves the actor only
-            actor_loss, actor_metrics = learner.step_actor(batch.obs, actor_noise, hp)
-            learner.set_critic_grad(True)
-            cls.after_actor_step(learner, actor_metrics, hp)
-            learner.update_targets()
-            metrics.update(actor_loss=actor_loss, **{k: v.detach() for k, v in actor_metrics.items()})
-        return metrics
-
-    @classmethod
-    def draw(
-        cls, draws: Draws, batch: ReplayBatch, hp: Any, actor_update: bool
-    ) -> tuple[TargetDraws, Tensor | None]:
-        """Every random draw of one update, before it and in the order the rule uses them: the next
-        action's noise, REDQ's subset, then (``actor_update``) the actor's noise. The losses are then
-        functions of tensors, which run eagerly or compiled on the same draws."""
-        like = batch.actions  # (B, A), or (P, B, A): the actor's actions
-        noise = draws.normal(like) if cls.samples_next_action else None
-        subset = None
-        if hp.target_reduction == "redq":
-            subset = draws.subset(hp.num_critics, hp.target_subset, like.device)
-        actor_noise = draws.normal(like) if actor_update and cls.samples_action else None
-        return TargetDraws(noise, subset), actor_noise
-
-    @classmethod
-    def critic_loss(
-        cls, learner: EnsembleCriticLearner, batch: ReplayBatch, draws: TargetDraws, hp: Any
-    ) -> tuple[Tensor, Tensor]:
-        """The critics' loss, squared TD error summed over the K critics and averaged over the batch
-        (``(P,)`` for P members), and their mean Q."""
-        with torch.no_grad():
-            targets = batch.rewards + batch.discounts * cls.next_value(learner, batch.next_obs, draws, hp)
-        q = q_values(learner.critic, batch.obs, batch.actions)  # (K, B)
-        loss = (q - targets.unsqueeze(-2)).pow(2).mean(dim=-1).sum(dim=-1)
-        return loss, q.detach().mean(dim=(-2, -1))
-
-    @classmethod
-    def next_value(
-        cls, learner: EnsembleCriticLearner, next_obs: Tensor, draws: TargetDraws, hp: Any
-    ) -> Tensor:
-        """V(s') of the TD target, (B,)."""
-        raise NotImplementedError
-
-    @classmethod
-    def actor_loss(
-        cls, learner: EnsembleCriticLearner, obs: Tensor, noise: Tensor | None, hp: Any
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The actor's loss and its metrics; ``noise``: its action's noise (:attr:`samples_action`)."""
-        raise NotImplementedError
-
-    @classmethod
-    def after_actor_step(
-        cls, learner: EnsembleCriticLearner, actor_metrics: dict[str, Tensor], hp: Any
-    ) -> None:
-        """Hook after each actor step (SAC tunes its temperature here)."""
+    metrics = {"critic_loss": critic_loss, "q_mean": q_mean}
+    if actor_update:
+        learner.set_critic_grad(False)  # the actor's loss moves the actor only
+        actor_loss, actor_metrics = learner.step_actor(batch.obs, actor_noise, hp)
+        learner.set_critic_grad(True)
+        if rule.after_actor_step is not None:
+            rule.after_actor_step(learner, actor_metrics, hp)
+        learner.update_targets()
+        metrics.update(actor_loss=actor_loss, **{k: v.detach() for k, v in actor_metrics.items()})
+    return metrics
 
 
-class DDPGRule(EnsembleCriticRule):
-    """A deterministic actor: the target actor's action at s', ``-Q(s, pi(s))`` for the actor."""
+def draw(
+    draws: Draws, batch: ReplayBatch, hp: Any, actor_update: bool, rule: LearningRule
+) -> tuple[TargetDraws, Tensor | None]:
+    """Every random draw of one update, before it and in the order the losses use them: the next
+    action's noise, REDQ's subset, then (``actor_update``) the actor's noise. The losses are then
+    functions of tensors, which run eagerly or compiled on the same draws."""
+    like = batch.actions  # (B, A), or (P, B, A): the actor's actions
+    noise = draws.normal(like) if rule.next_action_noise else None
+    subset = None
+    if hp.target_reduction == "redq":
+        subset = draws.subset(hp.num_critics, hp.target_subset, like.device)
+    actor_noise = draws.normal(like) if actor_update and rule.actor_noise else None
+    return TargetDraws(noise, subset), actor_noise
 
-    @classmethod
-    def next_actions(
-        cls, learner: EnsembleCriticLearner, next_obs: Tensor, noise: Tensor | None, hp: Any
-    ) -> Tensor:
-        return learner.actor_target(next_obs)
 
-    @classmethod
-    def next_value(
-        cls, learner: EnsembleCriticLearner, next_obs: Tensor, draws: TargetDraws, hp: Any
-    ) -> Tensor:
-        next_actions = cls.next_actions(learner, next_obs, draws.noise, hp)
-        q_next = q_values(learner.critic_target, next_obs, next_actions)
-        return reduce_critics(q_next, hp, draws.subset)  # (B,)
+def td_loss(critic: EnsembleMLP, batch: ReplayBatch, next_values: Tensor) -> tuple[Tensor, Tensor]:
+    """The critics' loss towards the TD target ``r + discount * next_values``: the squared TD error
+    summed over the K critics and averaged over the batch (``(P,)`` for P members), and their mean Q."""
+    with torch.no_grad():
+        targets = batch.rewards + batch.discounts * next_values
+    q = q_values(critic, batch.obs, batch.actions)  # (K, B)
+    loss = (q - targets.unsqueeze(-2)).pow(2).mean(dim=-1).sum(dim=-1)
+    return loss, q.detach().mean(dim=(-2, -1))
 
-    @classmethod
-    def actor_loss(
-        cls, learner: EnsembleCriticLearner, obs: Tensor, noise: Tensor | None, hp: Any
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
+
+def target_actions(actor_target: nn.Module, next_obs: Tensor, noise: Tensor | None, hp: Any) -> Tensor:
+    """The TD target's next action: the target actor's (DDPG); with ``noise`` (TD3, whose rule draws it)
+    plus target policy smoothing, ``hp.target_noise`` times the noise clipped to
+    ``[-hp.target_noise_clip, hp.target_noise_clip]``, the sum clipped to [-1, 1]."""
+    actions = actor_target(next_obs)
+    if noise is None:
+        return actions
+    clip = member_view(hp.target_noise_clip, actions)
+    noise = (member_view(hp.target_noise, actions) * noise).clamp(-clip, clip)
+    return (actions + noise).clamp(-1.0, 1.0)
+
+
+def ddpg_critic_loss(
+    learner: ActorCritic, batch: ReplayBatch, draws: TargetDraws, hp: Any
+) -> tuple[Tensor, Tensor]:
+    """DDPG's and TD3's critic loss: :func:`td_loss` with ``V(s')`` the target critics at the target
+    action (:func:`target_actions`), reduced over the K critics (:func:`reduce_critics`)."""
+    with torch.no_grad():
+        next_actions = target_actions(learner.actor_target, batch.next_obs, draws.noise, hp)
+        q_next = q_values(learner.critic_target, batch.next_obs, next_actions)
+        next_values = reduce_critics(q_next, hp, draws.subset)  # (B,)
+    return td_loss(learner.critic, batch, next_values)
+
+
+def ddpg_actor_loss(
+    learner: ActorCritic, obs: Tensor, noise: Tensor | None, hp: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DDPG's and TD3's actor loss, ``-mean over critics of Q(s, pi(s))``; no metrics."""
+    return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
+
+
+DDPG_RULE = LearningRule(ddpg_critic_loss, ddpg_actor_loss)
+"""DDPG: a deterministic actor, the target actor's action at s', no noise drawn."""
 
 
 class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
@@ -305,7 +321,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
 
     action_spaces = (gym.spaces.Box,)
     config: EnsembleCriticConfig
-    rule: ClassVar[type[EnsembleCriticRule]] = EnsembleCriticRule
+    rule: ClassVar[LearningRule]
     """The learning rule; :meth:`update` applies it to this algorithm's networks and config."""
     draws: ClassVar[Draws] = GLOBAL_DRAWS
 
@@ -337,7 +353,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         """Run :meth:`update`'s two gradient steps compiled from now on, each as one graph
         (:class:`~phalanx.gradient_step.GradientStep`): the critics' (TD target, loss, gradient, Adam) and the
         actor's. The random draws stay outside, taken eagerly as the eager update takes them
-        (:meth:`EnsembleCriticRule.draw`); the target networks' Polyak step stays one foreach op, SAC's
+        (:func:`draw`); the target networks' Polyak step stays one foreach op, SAC's
         temperature step a fused Adam step of one number. Learners of a data-parallel group step eagerly
         (their gradients are averaged between backward and the step)."""
         if self.critic_gradient_step is None:
@@ -356,7 +372,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         return ["critic update", "actor update"]
 
     def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
-        return self.rule.update(self, batch, self.config)
+        return ensemble_critic_update(self, batch, self.config, self.rule)
 
     def reduce_critics(self, q_values: torch.Tensor) -> torch.Tensor:
         """Combine target critics ``(K, ...)`` over dim 0 as the config says (MADDPG's per-group values)."""
@@ -423,7 +439,7 @@ class DDPG(EnsembleCriticAlgorithm):
     name = "ddpg"
     config_class = DDPGConfig
     config: DDPGConfig
-    rule = DDPGRule
+    rule = DDPG_RULE
 
     def __init__(self, config: DDPGConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)

@@ -1,6 +1,6 @@
 """The DQN family: DQN -> Double DQN -> Dueling DQN -> D3QN, one learning rule with two flags.
 
-:meth:`DQN.update`, top to bottom (the loss is :meth:`DQN.loss`, which ``compile()`` makes one graph
+:meth:`DQN.update`, top to bottom (the loss is :func:`dqn_loss`, which ``compile()`` makes one graph
 with its gradient step): Q(s, a) of the sampled actions; the target
 ``r + discount * Q_target(s', a*)`` where ``a*`` is ``argmax Q_target(s')`` (DQN) or
 ``argmax Q_online(s')`` (``double``); the Huber loss; a gradient step with norm clipping; and the target
@@ -12,6 +12,7 @@ n-step returns and terminal states (see ``phalanx.buffers.ReplayBatch``).
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -189,6 +190,25 @@ class EpsilonGreedy(ExplorationPolicy):
         return torch.where(explore, random, greedy)
 
 
+def dqn_loss(
+    q_network: nn.Module, q_target: nn.Module, batch: ReplayBatch, double: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DQN family's TD loss: the Huber loss of ``batch``'s TD errors, and the Q-values ``(B,)`` of its
+    actions (detached). The target is ``r + discount * Q_target(s', a*)`` with ``a*`` the argmax of
+    ``Q_target(s')``, or (``double``) of ``Q_online(s')``; ``discount`` folds in n-step returns and
+    terminal states."""
+    with torch.no_grad():
+        next_q_target = q_target(batch.next_obs)  # (B, A)
+        if double:
+            next_actions = q_network(batch.next_obs).argmax(dim=1, keepdim=True)
+        else:
+            next_actions = next_q_target.argmax(dim=1, keepdim=True)
+        next_values = next_q_target.gather(1, next_actions).squeeze(1)  # (B,)
+        targets = batch.rewards + batch.discounts * next_values
+    q_values = q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
+    return F.smooth_l1_loss(q_values, targets), q_values.detach()
+
+
 class DQN(OffPolicyAlgorithm):
     name = "dqn"
     config_class = DQNConfig
@@ -241,25 +261,11 @@ class DQN(OffPolicyAlgorithm):
             self.gradient_step = GradientStep(
                 self.optimizer,  # type: ignore[arg-type]  # make_adam builds a flat one
                 [self.q_network],
-                self.loss,
+                functools.partial(dqn_loss, self.q_network, self.q_target, double=self.config.double),
                 self.config.max_grad_norm,
             )
             self.gradient_step.compile()
         return ["update"]
-
-    def loss(self, batch: ReplayBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Huber loss of ``batch``'s TD errors, and the Q-values ``(B,)`` of its actions (detached)."""
-        config = self.config
-        with torch.no_grad():
-            next_q_target = self.q_target(batch.next_obs)  # (B, A)
-            if config.double:
-                next_actions = self.q_network(batch.next_obs).argmax(dim=1, keepdim=True)
-            else:
-                next_actions = next_q_target.argmax(dim=1, keepdim=True)
-            next_values = next_q_target.gather(1, next_actions).squeeze(1)  # (B,)
-            targets = batch.rewards + batch.discounts * next_values
-        q_values = self.q_network(batch.obs).gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)  # (B,)
-        return F.smooth_l1_loss(q_values, targets), q_values.detach()
 
     def update(self, batch: ReplayBatch, progress: float) -> dict[str, torch.Tensor]:
         config = self.config
@@ -267,7 +273,7 @@ class DQN(OffPolicyAlgorithm):
             with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
                 loss, q_values = self.gradient_step(batch)
         else:
-            loss, q_values = self.loss(batch)
+            loss, q_values = dqn_loss(self.q_network, self.q_target, batch, config.double)
             self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:

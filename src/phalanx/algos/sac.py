@@ -28,12 +28,14 @@ from phalanx.algos.ddpg import (
     EnsembleCriticAlgorithm,
     EnsembleCriticConfig,
     EnsembleCriticLearner,
-    EnsembleCriticRule,
+    LearningRule,
     TargetDraws,
     member_view,
     q_values,
     reduce_critics,
+    td_loss,
 )
+from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
 from phalanx.nets import ActionNoise, mlp
 from phalanx.optim import make_adam
@@ -142,7 +144,8 @@ class SampledExploration(ExplorationPolicy):
 
 
 class SACLearner(EnsembleCriticLearner, Protocol):
-    """What :class:`SACRule` needs besides the critics' learner: the temperature, one or ``(P,)``."""
+    """What SAC's losses and temperature step need besides the critics' learner: the temperature,
+    ``alpha`` and ``target_entropy``, scalars or ``(P,)`` for a population."""
 
     alpha: torch.Tensor
     target_entropy: float | torch.Tensor
@@ -151,39 +154,51 @@ class SACLearner(EnsembleCriticLearner, Protocol):
         """One optimiser step of log(alpha) on its loss's closed-form ``gradient``."""
 
 
-class SACRule(EnsembleCriticRule):
-    """The soft target and actor loss, and the temperature's step; ``learner.alpha`` and
-    ``learner.target_entropy`` are scalars, or ``(P,)`` for a population."""
-
-    samples_next_action = True
-    samples_action = True
-
-    @classmethod
-    def next_value(
-        cls, learner: SACLearner, next_obs: torch.Tensor, draws: TargetDraws, hp: Any
-    ) -> torch.Tensor:
-        next_actions, next_log_probs = learner.actor.sample(next_obs, draws.noise)
-        q_next = q_values(learner.critic_target, next_obs, next_actions)  # (K, B)
+def sac_critic_loss(
+    learner: SACLearner, batch: ReplayBatch, draws: TargetDraws, hp: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAC's critic loss: :func:`~phalanx.algos.ddpg.td_loss` towards the soft target, ``V(s')`` the K
+    target critics at a sampled action ``a' ~ pi(.|s')`` reduced (min, mean, REDQ's subset) minus
+    ``alpha * log pi(a'|s')``."""
+    with torch.no_grad():
+        next_actions, next_log_probs = learner.actor.sample(batch.next_obs, draws.noise)
+        q_next = q_values(learner.critic_target, batch.next_obs, next_actions)  # (K, B)
         q_next = reduce_critics(q_next, hp, draws.subset)  # (B,)
-        return q_next - member_view(learner.alpha, q_next) * next_log_probs
+        next_values = q_next - member_view(learner.alpha, q_next) * next_log_probs
+    return td_loss(learner.critic, batch, next_values)
 
-    @classmethod
-    def actor_loss(
-        cls, learner: SACLearner, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        actions, log_probs = learner.actor.sample(obs, noise)
-        q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
-        loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
-        return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}
 
-    @classmethod
-    def after_actor_step(cls, learner: SACLearner, actor_metrics: dict[str, torch.Tensor], hp: Any) -> None:
-        log_probs = actor_metrics.pop("log_probs")
-        if hp.learn_alpha:
-            # The gradient of the loss -mean(log_alpha * (log_probs + target_entropy)) in closed form:
-            # the same step as autograd's, without a backward pass for one scalar.
-            learner.step_alpha(-(log_probs.mean(dim=-1) + learner.target_entropy))
-        actor_metrics["alpha"] = learner.alpha
+def sac_actor_loss(
+    learner: SACLearner, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAC's actor loss ``alpha * log pi(a|s) - mean_k Q_k(s, a)`` for the action ``a`` of ``noise``;
+    metrics: the entropy, and the log-probabilities for :func:`sac_alpha_step`."""
+    actions, log_probs = learner.actor.sample(obs, noise)
+    q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
+    loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
+    return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}
+
+
+def alpha_loss_gradient(log_probs: torch.Tensor, target_entropy: float | torch.Tensor) -> torch.Tensor:
+    """The gradient of the temperature's loss ``-mean(log_alpha * (log_probs + target_entropy))`` in
+    closed form: the same step as autograd's, without a backward pass for one scalar (``(P,)`` for P
+    members)."""
+    return -(log_probs.mean(dim=-1) + target_entropy)
+
+
+def sac_alpha_step(learner: SACLearner, actor_metrics: dict[str, torch.Tensor], hp: Any) -> None:
+    """After each actor step: the temperature's step (``hp.learn_alpha``) on the actor step's
+    log-probabilities (taken out of ``actor_metrics``), and alpha into the metrics."""
+    log_probs = actor_metrics.pop("log_probs")
+    if hp.learn_alpha:
+        learner.step_alpha(alpha_loss_gradient(log_probs, learner.target_entropy))
+    actor_metrics["alpha"] = learner.alpha
+
+
+SAC_RULE = LearningRule(
+    sac_critic_loss, sac_actor_loss, next_action_noise=True, actor_noise=True, after_actor_step=sac_alpha_step
+)
+"""SAC: the soft target and actor loss (both sample actions), then the temperature's step."""
 
 
 class SAC(EnsembleCriticAlgorithm):
@@ -191,7 +206,7 @@ class SAC(EnsembleCriticAlgorithm):
     config_class = SACConfig
     config: SACConfig
     extra_state = ("updates", "log_alpha")
-    rule = SACRule
+    rule = SAC_RULE
 
     def __init__(self, config: SACConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)

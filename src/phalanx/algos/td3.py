@@ -1,17 +1,15 @@
 """TD3 (Fujimoto et al., 2018): DDPG with twin critics, target policy smoothing and a delayed actor.
 
-What TD3 adds to :mod:`phalanx.algos.ddpg` is all here: two (or K) critics reduced by ``min``, clipped
-Gaussian noise on the target action, and an actor updated every ``policy_delay`` critic updates.
+What TD3 adds to :mod:`phalanx.algos.ddpg` is configuration: two (or K) critics reduced by ``min``, an
+actor updated every ``policy_delay`` critic updates, and clipped Gaussian noise on the target action
+(drawn by :data:`TD3_RULE`, added by :func:`phalanx.algos.ddpg.target_actions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-
-from phalanx.algos.ddpg import DDPG, DDPGConfig, DDPGRule, EnsembleCriticLearner, member_view
+from phalanx.algos.ddpg import DDPG, DDPG_RULE, DDPGConfig
 from phalanx.config import TrainConfig, check
 
 
@@ -32,23 +30,12 @@ class TD3Config(DDPGConfig):
         check(self.target_noise_clip >= 0, "target_noise_clip", self.target_noise_clip, ">= 0")
 
 
-class TD3Rule(DDPGRule):
-    """DDPG's rule with target policy smoothing: clipped Gaussian noise on the target action."""
-
-    samples_next_action = True
-
-    @classmethod
-    def next_actions(
-        cls, learner: EnsembleCriticLearner, next_obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
-    ) -> torch.Tensor:
-        actions = learner.actor_target(next_obs)
-        clip = member_view(hp.target_noise_clip, actions)
-        noise = (member_view(hp.target_noise, actions) * noise).clamp(-clip, clip)
-        return (actions + noise).clamp(-1.0, 1.0)
+TD3_RULE = DDPG_RULE._replace(next_action_noise=True)
+"""DDPG's rule with the target action's noise drawn: target policy smoothing (``ddpg.target_actions``)."""
 
 
 class TD3(DDPG):
     name = "td3"
     config_class = TD3Config
     config: TD3Config
-    rule = TD3Rule
+    rule = TD3_RULE

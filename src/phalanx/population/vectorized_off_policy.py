@@ -1,7 +1,7 @@
 """Vectorized off-policy populations: P SAC (or TD3) members as the leading dimension of one run.
 
 Every member is an ordinary SAC / TD3 agent, learning by the rule its single run uses
-(:class:`phalanx.algos.sac.SACRule`, :class:`phalanx.algos.td3.TD3Rule`), but the P of them share every
+(``phalanx.algos.sac.SAC_RULE``, ``phalanx.algos.td3.TD3_RULE``), but the P of them share every
 kernel launch:
 
 - networks: the actors of all members are one :class:`~phalanx.nets.EnsembleMLP`; the K critics of
@@ -39,7 +39,14 @@ import torch
 from torch import nn
 
 from phalanx.algos.base import Algorithm
-from phalanx.algos.ddpg import DDPG, Draws, EnsembleCriticAlgorithm, TargetDraws, member_view
+from phalanx.algos.ddpg import (
+    DDPG,
+    Draws,
+    EnsembleCriticAlgorithm,
+    TargetDraws,
+    ensemble_critic_update,
+    member_view,
+)
 from phalanx.algos.sac import SAC, SquashedGaussianActor
 from phalanx.algos.td3 import TD3
 from phalanx.buffers import ReplayBatch, ReplayBuffer, observation_dtype
@@ -377,7 +384,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
     def _update(self) -> dict[str, Tensor]:
         """One update of every member by the algorithm's rule (which counts :attr:`updates`)."""
         hp = self.rule_hyperparameters()
-        return self.algorithm_class.rule.update(self, self._sample(hp.batch_size), hp)
+        return ensemble_critic_update(self, self._sample(hp.batch_size), hp, self.algorithm_class.rule)
 
     def _sample(self, batch_size: int) -> ReplayBatch:
         """Each member's batch from its own columns, drawn from its generator as ReplayBuffer.sample draws:

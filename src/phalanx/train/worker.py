@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from phalanx.algos.base import ExplorationPolicy, OffPolicy, OnPolicy
-from phalanx.algos.recurrent import RecurrentRolloutBuffer, is_recurrent
+from phalanx.algos.recurrent import is_recurrent
 from phalanx.buffers import ReplayBuffer, RolloutBuffer
 from phalanx.compiling import compiled
 from phalanx.envs.core import ConcatVecEnv, VecEnv, concat_transitions, episode_ends
 from phalanx.errors import CheckpointError
 
 Tensor = torch.Tensor
+Outputs = tuple[Tensor, Tensor, Tensor]
+"""On-policy acting's ``(actions, log_probs, values)`` of N sub-envs."""
+StepStatistics = list[Tensor]
+"""A rollout step's ``(episode_return, episode_length, episode_ended)``, for the episode log."""
+RolloutStep = Callable[[int, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
+"""One step of a rollout: ``(step, obs) -> (next_obs, episode_return, episode_length, episode_ended)``."""
+ActAndStep = Callable[[Tensor, bool], tuple[Outputs, tuple[Any, ...]]]
+"""Acting and the env step of a rollout step: ``(obs, last) -> (outputs, (next_obs, rewards, terminated,
+truncated, info))``; ``last``: the rollout's last step."""
 
 
 class Transition(NamedTuple):
@@ -60,6 +70,36 @@ class EpisodeLog:
         return means
 
 
+class HalvesInTurn:
+    """Double buffering's acting and env step (an :data:`ActAndStep`): the policy computes the actions of
+    one half of the sub-envs while the other half steps.
+
+    Per step t: the second half's actions are computed while the first half steps, and the first half's
+    actions for t + 1 while the second half steps (the first half's actions for step 0 are sent when this
+    is made, before the rollout). The last step of the rollout sends no actions ahead: the next rollout
+    must act with the policy after the update.
+    """
+
+    def __init__(
+        self, explore: Callable[[Tensor], Outputs], first: VecEnv, second: VecEnv, obs: Tensor
+    ) -> None:
+        self.explore, self.first, self.second = explore, first, second
+        self.size = first.num_envs
+        self.ahead = explore(obs[: self.size])  # the first half's outputs, its step in flight
+        first.step_async(self.ahead[0])
+
+    def __call__(self, obs: Tensor, last: bool) -> tuple[Outputs, tuple[Any, ...]]:
+        first_outputs, second_outputs = self.ahead, self.explore(obs[self.size :])
+        self.second.step_async(second_outputs[0])
+        first_result = self.first.step_wait()
+        if not last:
+            self.ahead = self.explore(first_result[0])
+            self.first.step_async(self.ahead[0])
+        result = concat_transitions([first_result, self.second.step_wait()])
+        outputs = tuple(torch.cat([first_outputs[i], second_outputs[i]]) for i in range(3))
+        return outputs, result  # type: ignore[return-value]
+
+
 class Worker:
     """Steps a VecEnv with the algorithm's policy; keeps the current observation between calls.
 
@@ -103,88 +143,71 @@ class Worker:
         return None
 
     def collect(self, buffer: RolloutBuffer) -> RolloutBuffer:
-        """Fill ``buffer`` with ``buffer.horizon`` steps of every sub-env."""
+        """Fill ``buffer`` with ``buffer.horizon`` steps of every sub-env.
+
+        One loop for every policy and env; what differs is the step (:meth:`rollout_step_function`):
+        eager, with a recurrent policy's memory and with double buffering's halves, or compiled.
+        """
         if self.obs is None:
             raise RuntimeError("Worker.collect called before Worker.reset")
-        if self.recurrent:
-            return self._collect_recurrent(buffer)  # type: ignore[arg-type]
-        if self.halves is not None:
-            return self._collect_double_buffered(buffer, *self.halves)
+        step_once = self.rollout_step_function(buffer)
+        ended: list[StepStatistics] = []  # recorded once, after the loop
+        for step in range(buffer.horizon):
+            self.obs, *statistics = step_once(step, self.obs)
+            ended.append(statistics)
+        if self.recurrent:  # the memory after the last step: where the update's recomputation ends
+            buffer.final_memory.copy_(self.memory)  # type: ignore[attr-defined]
         if self.compiled_rollout_step is not None:
-            return self._collect_compiled(buffer)
-        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
-        for step in range(buffer.horizon):
-            actions, log_probs, values = self.explore(self.obs)
-            next_obs, rewards, terminated, truncated, info = self.env.step(actions)
-            dones = terminated | truncated
-            buffer.add(
-                step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
-            )
-            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
-            self.obs = next_obs
+            self.env.check()  # the env's device-side checks (a NanGuard's), raised once per rollout
         self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
         return buffer
 
-    def _collect_recurrent(self, buffer: RecurrentRolloutBuffer) -> RolloutBuffer:
-        """:meth:`collect` with a recurrent policy: the memory of every sub-env goes from step to step
-        (zeroed where an episode starts), and the buffer stores, per step, the memory before it and the
-        episode starts, and the memory after the last step: what the update recomputes the memory from."""
-        explore = self.algorithm.explore
-        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
-        for step in range(buffer.horizon):
-            buffer.add_memory(step, self.memory, self.episode_starts)
-            actions, log_probs, values, self.memory = explore(self.obs, self.memory, self.episode_starts)
-            next_obs, rewards, terminated, truncated, info = self.env.step(actions)
-            dones = terminated | truncated
-            buffer.add(
-                step, self.obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"]
-            )
-            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
-            self.obs, self.episode_starts = next_obs, dones  # same-step autoreset: next_obs starts anew
-        buffer.final_memory.copy_(self.memory)
-        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
-        return buffer
+    def rollout_step_function(self, buffer: RolloutBuffer) -> RolloutStep:
+        """What one step of :meth:`collect` runs: ``(step, obs) -> (next_obs, episode_return,
+        episode_length, episode_ended)``, having written the step into ``buffer``.
 
-    def _collect_double_buffered(self, buffer: RolloutBuffer, first: VecEnv, second: VecEnv) -> RolloutBuffer:
-        """:meth:`collect` with the actions of one half computed while the other half steps.
-
-        Per step t: the second half's actions are computed while the first half steps, and the first
-        half's actions for t + 1 while the second half steps. The last step of the rollout sends no
-        actions ahead: the next rollout must act with the policy after the update.
+        After :meth:`compile` with a traceable env, the compiled :meth:`rollout_step`; otherwise
+        :meth:`eager_step`, which acts and steps the env through :meth:`act_then_step`, or with double
+        buffering through :class:`HalvesInTurn`.
         """
-        size = first.num_envs
-        obs = [self.obs[:size], self.obs[size:]]
-        ahead = self.explore(obs[0])  # (actions, log_probs, values) of the first half
-        first.step_async(ahead[0])
-        ended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # recorded once, after the loop
-        for step in range(buffer.horizon):
-            outputs = [ahead, self.explore(obs[1])]
-            second.step_async(outputs[1][0])
-            first_result = first.step_wait()
-            if step + 1 < buffer.horizon:
-                ahead = self.explore(first_result[0])
-                first.step_async(ahead[0])
-            next_obs, rewards, terminated, truncated, info = concat_transitions(
-                [first_result, second.step_wait()]
+        if self.compiled_rollout_step is not None:
+            return self.compiled_step_function(buffer)
+        act_and_step: ActAndStep = self.act_then_step
+        if self.halves is not None and not self.recurrent:
+            act_and_step = HalvesInTurn(self.explore, *self.halves, self.obs)  # type: ignore[arg-type]
+        return functools.partial(self.eager_step, buffer, act_and_step)
+
+    def eager_step(
+        self, buffer: RolloutBuffer, act_and_step: ActAndStep, step: int, obs: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One step of :meth:`collect`, eagerly: act on ``obs`` and step the env (``act_and_step``), then
+        write the transition into row ``step`` of ``buffer``.
+
+        A recurrent policy's buffer also stores, per step, the memory before it and the episode starts:
+        what the update recomputes the memory from.
+        """
+        if self.recurrent:
+            buffer.add_memory(step, self.memory, self.episode_starts)  # type: ignore[attr-defined]
+        last = step + 1 == buffer.horizon
+        (actions, log_probs, values), result = act_and_step(obs, last)
+        next_obs, rewards, terminated, truncated, info = result
+        dones = terminated | truncated
+        buffer.add(step, obs, actions, log_probs, values, rewards, terminated, dones, info["final_obs"])
+        if self.recurrent:
+            self.episode_starts = dones  # same-step autoreset: next_obs starts anew
+        return next_obs, info["episode_return"], info["episode_length"], episode_ends(info)
+
+    def act_then_step(self, obs: Tensor, last: bool) -> tuple[Outputs, tuple[Any, ...]]:
+        """Act on ``obs`` (:meth:`explore`; a recurrent policy with its memory of every sub-env, zeroed
+        where an episode starts), then step the whole env: ``(outputs, env.step's result)``."""
+        if self.recurrent:
+            actions, log_probs, values, self.memory = self.algorithm.explore(  # type: ignore[call-arg, misc]
+                obs, self.memory, self.episode_starts
             )
-            actions, log_probs, values = (torch.cat([outputs[0][i], outputs[1][i]]) for i in range(3))
-            dones = terminated | truncated
-            buffer.add(
-                step,
-                torch.cat(obs),
-                actions,
-                log_probs,
-                values,
-                rewards,
-                terminated,
-                dones,
-                info["final_obs"],
-            )
-            ended.append((info["episode_return"], info["episode_length"], episode_ends(info)))
-            obs = [next_obs[:size], next_obs[size:]]
-        self.obs = torch.cat(obs)
-        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
-        return buffer
+            outputs = (actions, log_probs, values)
+        else:
+            outputs = self.explore(obs)
+        return outputs, self.env.step(outputs[0])
 
     # -- compiled rollouts ---------------------------------------------------------------------------
     def compile(self) -> list[str]:
@@ -250,21 +273,19 @@ class Worker:
             storage[step] = value.unsqueeze(0)  # a (1,) tensor index: one graph for every step
         return next_obs, info["episode_return"], info["episode_length"], dones
 
-    def _collect_compiled(self, buffer: RolloutBuffer) -> RolloutBuffer:
-        """:meth:`collect` through the compiled :meth:`rollout_step`, its draws taken here; the env's
-        device-side checks (a NanGuard's) are raised once, at the end of the rollout."""
-        rollout_step, obs = self.compiled_rollout_step, self.obs
+    def compiled_step_function(self, buffer: RolloutBuffer) -> RolloutStep:
+        """One step of :meth:`collect` through the compiled :meth:`rollout_step`, its draws taken here
+        (the policy's, then the env's); the env's device-side checks are raised by :meth:`collect`, once,
+        at the end of the rollout."""
+        rollout_step, indices = self.compiled_rollout_step, self.step_indices(buffer.horizon)
         policy, env = self.algorithm.policy, self.env  # type: ignore[union-attr]
         fields = tuple(getattr(buffer, name) for name in buffer.FIELDS)
-        ended: list[tuple[Tensor, Tensor, Tensor]] = []  # recorded once, after the loop
-        for step in self.step_indices(buffer.horizon):
+
+        def step_once(step: int, obs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             policy_noise = policy.draw_noise(obs)
-            obs, *statistics = rollout_step(obs, policy_noise, env.step_noise(), step, fields)
-            ended.append(statistics)
-        self.obs = obs
-        env.check()
-        self.episodes.record(*(torch.stack(column) for column in zip(*ended, strict=True)))
-        return buffer
+            return rollout_step(obs, policy_noise, env.step_noise(), indices[step], fields)  # type: ignore[misc]
+
+        return step_once
 
     def step_indices(self, horizon: int) -> list[Tensor]:
         """The ``(1,)`` index tensors ``[0], [1], ..., [horizon - 1]`` of :meth:`rollout_step` (made once)."""
