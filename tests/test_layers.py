@@ -305,7 +305,6 @@ def test_no_private_names_imported():
 
 MAX_LINES = 600
 KNOWN_LONG = {
-    "src/phalanx/config.py": 661,
     "src/phalanx/tuning.py": 933,
 }
 """Issue 37, still open: modules over the limit, each with the most lines it may have until it is split.
