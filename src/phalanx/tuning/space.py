@@ -6,7 +6,6 @@ each algorithm when none is given (:data:`DEFAULT_SEARCH`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ from phalanx.algos.base import OffPolicyConfig
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticConfig
 from phalanx.algos.dqn import DQNConfig
 from phalanx.algos.ppo import A2CConfig, ActorCriticConfig, PPOConfig
-from phalanx.config import TrainConfig, check_hyperparameter_name, coerce, is_int, parse_yaml
+from phalanx.config import TrainConfig, check_hyperparameter_name, coerce, is_int
+from phalanx.config.specs import parse_kind_args
 from phalanx.errors import ConfigError
 from phalanx.marl.qmix import ValueDecompositionConfig
 
@@ -50,22 +50,8 @@ class Dimension:
             raise ConfigError(
                 f"search of {name!r}: expected a string KIND:ARGS such as 'log:1e-5,1e-3', got {spec!r}."
             )
-        kind, colon, rest = spec.partition(":")
-        kind = kind.strip()
-        if not colon or kind not in KINDS:
-            close = difflib.get_close_matches(kind, list(KINDS), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"--search {name}={spec}: unknown kind {kind!r}.{hint} Write NAME=KIND:ARGS with one of:\n  "
-                + "\n  ".join(KINDS.values())
-            )
-        try:
-            values = parse_yaml(f"[{rest}]")
-        except yaml.YAMLError as error:
-            raise ConfigError(
-                f"--search {name}={spec}: cannot read the values {rest!r} ({error}); expected {KINDS[kind]}."
-            ) from None
-        return cls(kind, tuple(values))
+        kind, arguments = parse_kind_args(spec, KINDS, where=f"--search {name}={spec}")
+        return cls(kind, arguments)
 
     def text(self) -> str:
         """As written on the command line: ``log:1.0e-05, 0.001``."""
