@@ -47,7 +47,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "nets.*",
             "buffers",
             "buffers.*",
-            "buffer_memory",
             "optim",
             "gradient_step",
             "marl.core",
