@@ -47,7 +47,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "nets.*",
             "buffers",
             "buffers.*",
-            "buffer_memory",
             "optim",
             "gradient_step",
             "marl.core",
@@ -285,10 +284,7 @@ def test_no_private_names_imported():
 
 
 MAX_LINES = 600
-KNOWN_LONG = {
-    "src/phalanx/config.py": 661,
-    "src/phalanx/tuning.py": 933,
-}
+KNOWN_LONG: dict[str, int] = {}
 """Issue 37, still open: modules over the limit, each with the most lines it may have until it is split.
 A module leaves this table when it is split; the table only shrinks (a stale entry fails)."""
 

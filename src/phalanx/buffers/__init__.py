@@ -19,10 +19,6 @@ from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, tr
 from phalanx.buffers.replay import NStepWindow, ReplayBatch, ReplayBuffer, ReplayRing, load_fields
 from phalanx.buffers.rollout import SCAN_MAX_ENVS, RolloutBuffer, compute_gae, compute_gae_scan
 
-observation_dtype = storage_dtype
-"""The old name of :func:`storage_dtype` (not :func:`phalanx.envs.core.observation_dtype`, the numpy dtype
-of a VecEnv's observation arrays), kept while population/ and train/ import it."""
-
 __all__ = [
     "SCAN_MAX_ENVS",
     "WORDS",
@@ -38,7 +34,6 @@ __all__ = [
     "compute_gae_scan",
     "load_fields",
     "make_replay_buffer",
-    "observation_dtype",
     "replay_choice",
     "replay_layout",
     "replay_memory",

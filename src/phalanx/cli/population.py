@@ -19,6 +19,7 @@ from rich.markup import escape
 from phalanx.cli.arguments import command_flags, field_docs, parse_train_args
 from phalanx.cli.output import console
 from phalanx.config import coerce, load_yaml
+from phalanx.config.specs import split_name
 from phalanx.errors import PhalanxError
 from phalanx.files import write_text_atomic
 from phalanx.population import PopulationFailed, PopulationInterrupted, resume_population, run_population
@@ -87,12 +88,8 @@ def parse_population_args(argv: list[str]) -> Any:
     mutations = dict(data.get("mutations") or {})
     flagged: dict[str, dict[str, Any]] = {}  # a flag replaces the file's mutation of that name
     for spec in flags.mutate:
-        name, equals, kind = spec.partition("=")
-        if not equals:
-            raise PhalanxError(
-                f"--mutate {spec!r}: expected NAME=KIND:ARGS, e.g. learning_rate=perturb:0.8,1.2"
-            )
-        flagged.setdefault(name.strip(), {}).update(Mutation.spec_from_text(kind))
+        name, kind = split_name(spec, "--mutate", "learning_rate=perturb:0.8,1.2")
+        flagged.setdefault(name, {}).update(Mutation.spec_from_text(kind, f"--mutate {spec}"))
     mutations.update(flagged)
     settings = {k: v for k, v in vars(flags).items() if k != "mutate" and k not in resource_names}
     resources = {k: v for k, v in vars(flags).items() if k in resource_names}

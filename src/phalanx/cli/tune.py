@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from phalanx.cli.arguments import command_flags, field_docs, parse_train_args
 from phalanx.cli.output import console
-from phalanx.errors import PhalanxError
+from phalanx.config.specs import split_name
 from phalanx.train.interrupts import exit_code as interrupted_exit_code
 from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
 
@@ -57,12 +57,8 @@ def parse_tune_args(argv: list[str]) -> TuneConfig:
     base = parse_train_args(positional + train_args, prog="phalanx tune")
     search: dict[str, str] = {}
     for spec in flags.search:
-        name, equals, dimension = spec.partition("=")
-        if not equals or not name.strip():
-            raise PhalanxError(
-                f"--search {spec!r}: expected NAME=KIND:ARGS, e.g. learning_rate=log:1e-5,1e-3"
-            )
-        search[name.strip()] = dimension
+        name, dimension = split_name(spec, "--search", "learning_rate=log:1e-5,1e-3")
+        search[name] = dimension
     settings = {k: v for k, v in vars(flags).items() if k != "search"}
     config = TuneConfig(base=base, search=search, **settings)
     config.validate()

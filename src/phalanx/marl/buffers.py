@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from phalanx.buffer_memory import ReplayMemory, check_memory
 from phalanx.buffers import NStepWindow
+from phalanx.buffers.memory import ReplayMemory, check_memory
 from phalanx.errors import CheckpointError
 from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from phalanx.buffer_memory import ReplayMemory
+from phalanx.buffers.memory import ReplayMemory
 from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.marl.base import MultiAgentAlgorithm, to_env_actions

@@ -30,14 +30,28 @@ from phalanx.config import (
     coerce,
     is_int,
     load_yaml,
-    parse_scalar,
 )
+from phalanx.config.specs import parse_kind_args
 from phalanx.errors import ConfigError
 from phalanx.files import write_text_atomic
 from phalanx.registry import vectorized_population
 
 STRATEGIES = ("tournament", "generational")
 BACKENDS = ("serial", "process", "ray", "vectorized")
+MUTATION_KINDS = {
+    "perturb": "perturb:F1,F2,... (multiply by one of the factors), e.g. learning_rate=perturb:0.8,1.25",
+    "choices": "choices:A,B,... (resample one of the values), e.g. entropy_coef=choices:0,0.01,0.02",
+    "uniform": "uniform:LOW,HIGH (resample uniformly), e.g. gamma=uniform:0.9,0.999",
+    "log_uniform": "log_uniform:LOW,HIGH (resample log-uniformly, LOW > 0), e.g. "
+    "learning_rate=log_uniform:1e-4,1e-2",
+    "steps": "steps:A,B,... (move to a neighbour in the ordered list), e.g. gamma=steps:0.95,0.98,0.99",
+    "min": "min:LOW (the least value a mutation gives), e.g. learning_rate=min:1e-5",
+    "max": "max:HIGH (the greatest value a mutation gives), e.g. learning_rate=max:1e-2",
+    "resample_probability": "resample_probability:P (with perturb and a resampling kind: how often to "
+    "resample), e.g. learning_rate=resample_probability:0.25",
+}
+"""The kinds of a mutation, ``NAME=KIND:ARGS`` on the command line (the keys of a :class:`Mutation`; one
+NAME's kinds combine), and how each is written."""
 
 
 @dataclass
@@ -59,20 +73,19 @@ class Mutation:
     resample_probability: float = 0.25
 
     @staticmethod
-    def spec_from_text(text: str) -> dict[str, Any]:
+    def spec_from_text(text: str, where: str = "--mutate") -> dict[str, Any]:
         """The mapping a CLI spec ``KIND:ARGS`` stands for: ``log_uniform:1e-4,1e-2`` ->
-        ``{"log_uniform": [0.0001, 0.01]}``, ``min:1e-5`` -> ``{"min": 1e-05}`` (values read as in YAML)."""
-        kind, _, arguments = text.partition(":")
-        kind = kind.strip()
-        values = [parse_scalar(value.strip()) for value in arguments.split(",") if value.strip()]
+        ``{"log_uniform": [0.0001, 0.01]}``, ``min:1e-5`` -> ``{"min": 1e-05}`` (values read as in YAML,
+        :func:`~phalanx.config.specs.parse_kind_args`); errors start with ``where``."""
+        kind, arguments = parse_kind_args(text, MUTATION_KINDS, where)
         takes_one = kind in ("min", "max", "resample_probability")
-        return {kind: values[0] if takes_one and len(values) == 1 else values}
+        return {kind: arguments[0] if takes_one and len(arguments) == 1 else list(arguments)}
 
     @classmethod
     def from_spec(cls, name: str, spec: Any, where: str) -> Mutation:
         """From YAML (a mapping) or the CLI's ``KIND:ARGS`` string, e.g. ``perturb:0.8,1.2``."""
         if isinstance(spec, str):
-            spec = cls.spec_from_text(spec)
+            spec = cls.spec_from_text(spec, f"{where}: mutation of {name!r}")
         if not isinstance(spec, dict):
             raise ConfigError(
                 f"{where}: mutation of {name!r} must be a mapping such as {{perturb: [0.8, 1.2], min: 1e-5}} "

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.buffer_memory import MEMORY_HEADROOM, ReplayMemory, available_when_short
+from phalanx.buffers.memory import MEMORY_HEADROOM, ReplayMemory, available_when_short
 from phalanx.errors import ConfigError
 from phalanx.files import replace_directory
 from phalanx.population.backends import Report, Task

@@ -29,7 +29,7 @@ from phalanx.algos.ppo import (
     ppo_update,
     update_settings,
 )
-from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan, observation_dtype
+from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan, storage_dtype
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -131,7 +131,7 @@ class VectorizedPPO(VectorizedPopulation):
             () if self.discrete else self.action_space.shape,
             torch.int64 if self.discrete else torch.float32,
             self.device,
-            observation_dtype(self.observation_space),
+            storage_dtype(self.observation_space),
         )
         self.lr_factor = 1.0  # anneal_lr: the factor of the last update
 

@@ -49,7 +49,7 @@ from phalanx.algos.ddpg import (
 )
 from phalanx.algos.sac import SAC, SquashedGaussianActor
 from phalanx.algos.td3 import TD3
-from phalanx.buffers import ReplayBatch, ReplayBuffer, observation_dtype
+from phalanx.buffers import ReplayBatch, ReplayBuffer, storage_dtype
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -252,7 +252,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
             self.action_space.shape,
             torch.float32,
             self.device,
-            observation_dtype(self.observation_space),
+            storage_dtype(self.observation_space),
             members=self.num_members,
         )
         self.updates_owed = 0.0

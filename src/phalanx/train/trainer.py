@@ -17,15 +17,15 @@ import torch
 
 from phalanx.algos.base import Algorithm
 from phalanx.algos.dqn import DQNConfig
-from phalanx.buffer_memory import ReplayMemory
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
     make_replay_buffer,
-    observation_dtype,
     replay_memory,
+    storage_dtype,
 )
+from phalanx.buffers.memory import ReplayMemory
 from phalanx.compiling import should_compile
 from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
@@ -250,7 +250,7 @@ class Trainer:
                 action_shape,
                 action_dtype,
                 self.device,
-                observation_dtype(observation_space),
+                storage_dtype(observation_space),
             )
         return make_replay_buffer(
             hp.buffer_size,

@@ -1,33 +1,24 @@
-"""Typed configuration: one dataclass field per setting, documented once, validated once.
+"""The config schema: a run's settings as dataclasses, one field per setting, documented and validated once.
 
 A run is described by a :class:`TrainConfig` (what to train, where, for how long, how to log) whose
-``hyperparameters`` field holds the algorithm's own dataclass (``PPOConfig``, ``A2CConfig``, ...,
-defined next to each learning rule in ``phalanx.algos``). The CLI flags are generated from these
-dataclasses, presets and YAML files fill the same fields, and ``config.yaml`` in a run directory is
-the full resolved config.
+``hyperparameters`` field holds the algorithm's own dataclass (subclasses of :class:`AlgoConfig`:
+``PPOConfig``, ``A2CConfig``, ..., defined next to each learning rule in ``phalanx.algos``).
+:func:`make_config` builds one from the defaults, the shipped preset and overrides, each value coerced to
+its field's type (:mod:`phalanx.config.coercion`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import importlib
-import os
-import re
-import sys
-import types
-import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from phalanx.errors import ConfigError, EnvError
-from phalanx.files import write_text_atomic
+from phalanx.config.coercion import coerce, is_int, plain
+from phalanx.config.modules import import_modules
+from phalanx.config.yaml_reader import parse_yaml
+from phalanx.errors import ConfigError
 from phalanx.registry import (
     RECURRENT_SETTINGS,
     algorithm_names,
@@ -359,10 +350,10 @@ class TrainConfig:
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hyperparameters"
         }
         data["hyperparameters"] = {
-            f.name: _plain(getattr(self.hyperparameters, f.name))
+            f.name: plain(getattr(self.hyperparameters, f.name))
             for f in dataclasses.fields(self.hyperparameters)
         }
-        return {key: _plain(value) for key, value in data.items()}
+        return {key: plain(value) for key, value in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
@@ -384,177 +375,6 @@ def check(condition: bool, name: str, value: Any, expected: str) -> None:
         raise ConfigError(
             f"{name} = {value!r} is invalid: expected {expected}. Fix it with {flag} or in the config file."
         )
-
-
-def is_int(value: Any) -> bool:
-    """Whether ``value`` is an integer (a bool is not, though Python counts it as one)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _plain(value: Any) -> Any:
-    """Convert tuples (and nested) to lists so that YAML stays plain."""
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def coerce(cls: type, name: str, value: Any, where: str) -> Any:
-    """``value`` as the type of the field ``name`` of the dataclass ``cls``, or a ConfigError naming the
-    field, ``where`` it was set, and the fix.
-
-    Numbers written as text (``"1e-3"``, ``"1_000_000"``) are numbers; an int is a float where a float
-    is wanted; a float with no fractional part (``1e6``) is an int where an int is wanted, 1.5 is
-    refused; a bool is neither (``True`` is an int in Python); lists become tuples. A text field takes
-    only text: YAML reads ``2024_01`` or ``1e3`` as a number, which must be quoted to stay as written.
-    """
-    try:
-        return _convert(_field_types(cls)[name], value)
-    except _Mismatch as mismatch:
-        default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)
-        example = mismatch.example if default in (None, dataclasses.MISSING) else _plain(default)
-        hint = {
-            "text": " (quoted, so that YAML does not read it as a number, a date or true/false)",
-            "a number": " (0.001, 1e-3 and 3e-4 are numbers)",
-            "a whole number": " (1000, 1_000 and 1e3 are whole numbers)",
-        }.get(mismatch.expected.removesuffix(" or null"), "")
-        written = (
-            f"{name}: '{example}'"
-            if isinstance(example, str)
-            else yaml.safe_dump({name: example}, default_flow_style=True, width=1000).strip()[1:-1]
-        )
-        raise ConfigError(
-            f"{where}: {name} = {mismatch.value!r} ({type(mismatch.value).__name__}) is not "
-            f"{mismatch.expected}. Write {name} as {mismatch.expected}{hint}, e.g. `{written}`."
-        ) from None
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-class _Mismatch(Exception):
-    def __init__(self, value: Any, expected: str, example: Any) -> None:
-        self.value, self.expected, self.example = value, expected, example
-
-
-def _convert(kind: Any, value: Any) -> Any:
-    """``value`` as ``kind`` (see :func:`coerce`), or _Mismatch."""
-    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in arguments:
-            return None
-        options = [option for option in arguments if option is not type(None)]
-        if len(options) != 1:
-            return value
-        try:
-            return _convert(options[0], value)
-        except _Mismatch as mismatch:  # "true or false" -> "true, false or null"
-            expected = mismatch.expected.replace(" or ", ", ") + " or null"
-            raise _Mismatch(value, expected, mismatch.example) from None
-    if origin is tuple:
-        sized = isinstance(value, (list, tuple))
-        items = arguments[:1] * len(value) if sized and arguments[1:] == (Ellipsis,) else arguments
-        if not sized or len(items) != len(value):
-            expected = "a list" if arguments[1:] == (Ellipsis,) else f"a list of {len(arguments)} values"
-            raise _Mismatch(value, expected, ["a", "b"])
-        return tuple(_convert(item, element) for item, element in zip(items, value, strict=True))
-    if kind in (int, float):
-        number = to_number(kind, value)
-        if number is None:
-            raise _Mismatch(
-                value, "a number" if kind is float else "a whole number", 0.5 if kind is float else 1000
-            )
-        return number
-    if kind is bool and not isinstance(value, bool):
-        raise _Mismatch(value, "true or false", True)
-    if kind is str and not isinstance(value, str):
-        raise _Mismatch(value, "text", "my-text")
-    return value
-
-
-def to_number(kind: type, value: Any) -> Any:
-    """``value`` as ``kind`` (int or float), or None if it is not one: text is read as in YAML
-    (``"1e-3"``, ``"1_000"``), a float with no fractional part is an int, a bool is not a number."""
-    number = parse_scalar(value) if isinstance(value, str) else value
-    if not isinstance(number, (int, float)) or isinstance(number, bool):
-        return None
-    if kind is float:
-        return float(number)
-    if isinstance(number, int):
-        return number
-    return int(number) if number.is_integer() else None
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, with YAML 1.2's floats: ``1e-3`` and ``1.0e5`` are numbers (YAML 1.1, which
-    PyYAML follows, wants a dot and a signed exponent, so it reads them as text)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """YAML ``text`` as Python values; every YAML phalanx reads goes through here (config files,
-    config.yaml of runs, population files, presets, the values of CLI specs such as --mutate)."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-def parse_scalar(text: str) -> Any:
-    """One value written as in YAML: ``"1e-4"`` -> 0.0001, ``"1_000"`` -> 1000, ``"tanh"`` -> "tanh"."""
-    try:
-        return parse_yaml(text)
-    except yaml.YAMLError:
-        return text
-
-
-def import_user_module(module_name: str, context: str) -> Any:
-    """Import the user's module ``module_name``, or raise an EnvError that starts with ``context``.
-
-    The current directory is put on ``sys.path`` (as ``python -m`` would) so that a module next to
-    the user's shell, e.g. ``my_env.py``, can be named from the ``phalanx`` command.
-    """
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        dotted = ".".join(Path(module_name).with_suffix("").parts)
-        raise EnvError(
-            f"{context}: {module_name!r} is a file path, expected a module name such as {dotted!r} (the "
-            "path from the current directory or the Python path, dots for slashes, without .py)."
-        )
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
-            raise EnvError(
-                f"{context}: module {module_name!r} not found (looked in the current "
-                f"directory {cwd} and the Python path). Check the spelling, or run from the directory "
-                "that contains it, or install the package that provides it."
-            ) from None
-        raise EnvError(
-            f"{context}: importing {module_name!r} failed because it imports "
-            f"{error.name!r}, which is not installed. Install it (pip install ...) in this environment."
-        ) from None
-    except Exception as error:  # noqa: BLE001 - any error in the user's module is reported, not raised
-        raise EnvError(
-            f"{context}: importing {module_name!r} raised {type(error).__name__}: {error}. "
-            "Fix the error in that module (run `python -c 'import "
-            f"{module_name}'` to see the traceback)."
-        ) from None
-
-
-def import_modules(modules: Iterable[str], where: str) -> None:
-    """Import the modules a config names in ``imports`` (those that register its env ids), with the
-    current directory on the Python path; an error names the module and ``where`` it was asked for."""
-    for module in modules:
-        import_user_module(module, f"{where}: imports")
 
 
 def presets(algo: str) -> dict[str, dict[str, Any]]:
@@ -634,28 +454,3 @@ def _unknown_key(key: str, valid: set[str], algo: str, where: str) -> None:
         f"{where}: unknown setting {key!r} for algo {algo!r}.{hint} "
         f"Valid settings: {', '.join(sorted(valid))}."
     )
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file into a dict, with errors that name the file."""
-    path = Path(path)
-    try:
-        data = parse_yaml(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file {str(path)!r} does not exist. Check the path passed to --config."
-        ) from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {str(path)!r} must hold a mapping of settings (key: value), "
-            f"got a {type(data).__name__}."
-        )
-    return data
-
-
-def save_yaml(config: TrainConfig, path: str | Path) -> None:
-    write_text_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
