@@ -189,6 +189,7 @@ class SACRule(EnsembleCriticRule):
 class SAC(EnsembleCriticAlgorithm):
     name = "sac"
     config_class = SACConfig
+    vectorized_population = "phalanx.population.vectorized_off_policy:VectorizedSAC"
     config: SACConfig
     extra_state = ("updates", "log_alpha")
     rule = SACRule
@@ -231,3 +232,4 @@ class SAC(EnsembleCriticAlgorithm):
 class REDQ(SAC):
     name = "redq"
     config_class = REDQConfig
+    vectorized_population = None

@@ -50,5 +50,6 @@ class TD3Rule(DDPGRule):
 class TD3(DDPG):
     name = "td3"
     config_class = TD3Config
+    vectorized_population = "phalanx.population.vectorized_off_policy:VectorizedTD3"
     config: TD3Config
     rule = TD3Rule
