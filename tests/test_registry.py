@@ -1,4 +1,5 @@
-"""make_env / register_env / list_envs / load_factory: resolution order and the errors users see."""
+"""make_env / register_env / list_envs / load_factory: resolution order and the errors users see; the
+algorithm table (phalanx.registry): a name -> its class, and register_algorithm."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import uuid
 import pytest
 import torch
 
+from phalanx import registry
+from phalanx.config import AlgoConfig, make_config
 from phalanx.envs.classic import CLASSIC_ENVS, MEMORY_ENVS, CartPoleEnv
 from phalanx.envs.core import VecEnv
 from phalanx.envs.registry import list_envs, load_factory, make_env, register_env, unregister_env
@@ -16,9 +19,11 @@ from phalanx.errors import ConfigError, EnvError
 from phalanx.registry import (
     ALGORITHMS,
     agent_class,
+    algorithm_class,
     config_class,
     get_algorithm,
     trainer_class,
+    vectorized_population,
 )
 
 
@@ -183,3 +188,54 @@ def test_unknown_algorithm_names_the_closest_and_all():
     ):
         get_algorithm("ppo2")
     assert get_algorithm("PPO") is get_algorithm("ppo")
+
+
+def test_the_classes_declare_what_the_table_held():
+    """Each algorithm's class says its variants (the table named them before the classes did)."""
+    declared = {
+        name: (get_algorithm(name).recurrent_variant, get_algorithm(name).vectorized_population)
+        for name in ALGORITHMS
+    }
+    assert {name: variants for name, variants in declared.items() if variants != (None, None)} == {
+        "ppo": ("phalanx.algos.recurrent:RecurrentPPO", "phalanx.population.vectorized:VectorizedPPO"),
+        "a2c": ("phalanx.algos.recurrent:RecurrentA2C", None),
+        "td3": (None, "phalanx.population.vectorized_off_policy:VectorizedTD3"),
+        "sac": (None, "phalanx.population.vectorized_off_policy:VectorizedSAC"),
+    }
+    assert algorithm_class(
+        "ppo", make_config("ppo", "CartPole-v1", recurrent="lstm").hyperparameters
+    ).__name__ == ("RecurrentPPO")
+    assert vectorized_population("sac").algorithm_class is get_algorithm("sac")
+    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, td3, sac members"):
+        vectorized_population("a2c")
+
+
+class Custom:
+    """What register_algorithm reads of a class (an Algorithm subclass declares more: see
+    examples/custom_algorithm.py, trained from the command line by tests/test_examples.py)."""
+
+    name = "custom-test"
+    config_class = AlgoConfig
+    on_policy = True
+
+
+def test_register_algorithm_names_a_class_once(monkeypatch):
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    assert registry.register_algorithm(Custom) is Custom  # it decorates a class statement
+    assert registry.register_algorithm(Custom) is Custom  # the module imported again: a no-op
+    assert get_algorithm("Custom-Test") is Custom and config_class("custom-test") is AlgoConfig
+    assert "custom-test" in registry.algorithm_names()
+    with pytest.raises(ConfigError, match="unknown algorithm 'custom-tst'. Did you mean custom-test"):
+        get_algorithm("custom-tst")
+
+    other = type("Other", (Custom,), {})
+    with pytest.raises(ConfigError, match="'custom-test' is already .*:Custom; give .*Other another name"):
+        registry.register_algorithm(other)
+    with pytest.raises(ConfigError, match="'ppo' is phalanx's own algorithm"):
+        registry.register_algorithm(type("MyPPO", (Custom,), {"name": "ppo"}))
+    for bad in ({"name": "Upper"}, {"name": ""}, {"config_class": None}):
+        cls = type("Bad", (), {**vars(Custom), **bad})
+        if bad == {"config_class": None}:
+            del cls.config_class
+        with pytest.raises(ConfigError, match="an algorithm class declares its `name`"):
+            registry.register_algorithm(cls)

@@ -37,6 +37,7 @@ _EXPORTS = {
     "make_env": "phalanx.envs.registry",
     "plot": "phalanx.train.plots",
     "record_video": "phalanx.video",
+    "register_algorithm": "phalanx.registry",
     "register_env": "phalanx.envs.registry",
     "resume": "phalanx.train.entry",
     "train": "phalanx.train.entry",

@@ -1,101 +1,82 @@
-"""The algorithm table: a name -> where its config, algorithm, trainer and agent live.
+"""The algorithm table: each algorithm's name -> its class. The class says the rest.
 
-Each part is named as ``"module:attribute"`` and imported on first use, so that this table sits at the
-bottom of the layers (it imports nothing of phalanx but errors) while naming classes of every layer:
-``config.py`` checks a config against it, the runtime builds the trainer and the algorithm it names,
-``load_agent`` the agent. Adding an algorithm is one row here.
+An algorithm class declares what it is (:class:`phalanx.algos.base.Algorithm`): its ``name``, its
+``config_class``, ``on_policy``, the ``action_spaces`` it acts in and the ``observations`` it reads,
+``multi_agent``, its ``recurrent_variant`` and ``vectorized_population`` (None where it has none), the
+``trainer`` that runs it and the ``agent`` that deploys it. Everything here reads those.
+
+phalanx's own algorithms are written ``"module:Class"`` and imported on first use, so that this table sits
+at the bottom of the layers (it imports nothing of phalanx but errors) and ``phalanx --help`` imports no
+learner. A user's algorithm is a module that calls :func:`register_algorithm` on its class (or decorates
+the class with it), imported with ``--import MODULE`` (``TrainConfig.imports``; see docs/architecture.md,
+"Adding an algorithm").
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import dataclass
 from typing import Any
 
 from phalanx.errors import ConfigError
 
-_SINGLE_AGENT = ("phalanx.train.trainer:Trainer", "phalanx.agent:Agent")
-_MULTI_AGENT = ("phalanx.marl.trainer:MultiAgentTrainer", "phalanx.marl.agent:MultiAgentAgent")
-
-
-@dataclass(frozen=True)
-class Registration:
-    """Where one algorithm's parts live, each ``"module:attribute"``."""
-
-    config: str
-    """Its hyperparameters' dataclass (an ``AlgoConfig``)."""
-    algorithm: str
-    """Its ``Algorithm`` class."""
-    trainer: str
-    """The trainer class that runs it."""
-    agent: str
-    """The deployed agent class ``phalanx.load_agent`` gives for its runs."""
-    population: str | None = None
-    """Its vectorized population (P members as one batched run: ``phalanx population run --backend
-    vectorized``), or None where it has none."""
-    recurrent: str | None = None
-    """The ``Algorithm`` class a run builds when its hyperparameters ask for a recurrent policy
-    (``recurrent: lstm``), or None where the algorithm has no recurrent policy."""
-
-
-def _row(
-    module: str,
-    algorithm: str,
-    runtime: tuple[str, str],
-    population: str | None = None,
-    recurrent: str | None = None,
-) -> Registration:
-    trainer, agent = runtime
-    return Registration(
-        f"{module}:{algorithm}Config", f"{module}:{algorithm}", trainer, agent, population, recurrent
-    )
-
-
-_VECTORIZED = "phalanx.population.vectorized"
-_VECTORIZED_OFF_POLICY = "phalanx.population.vectorized_off_policy"
-
-
-ALGORITHMS: dict[str, Registration] = {
-    "ppo": _row(
-        "phalanx.algos.ppo",
-        "PPO",
-        _SINGLE_AGENT,
-        f"{_VECTORIZED}:VectorizedPPO",
-        recurrent="phalanx.algos.recurrent:RecurrentPPO",
-    ),
-    "a2c": _row(
-        "phalanx.algos.ppo",
-        "A2C",
-        _SINGLE_AGENT,
-        recurrent="phalanx.algos.recurrent:RecurrentA2C",
-    ),
-    "dqn": _row("phalanx.algos.dqn", "DQN", _SINGLE_AGENT),
-    "double-dqn": _row("phalanx.algos.dqn", "DoubleDQN", _SINGLE_AGENT),
-    "dueling-dqn": _row("phalanx.algos.dqn", "DuelingDQN", _SINGLE_AGENT),
-    "d3qn": _row("phalanx.algos.dqn", "D3QN", _SINGLE_AGENT),
-    "ddpg": _row("phalanx.algos.ddpg", "DDPG", _SINGLE_AGENT),
-    "td3": _row(
-        "phalanx.algos.td3",
-        "TD3",
-        _SINGLE_AGENT,
-        f"{_VECTORIZED_OFF_POLICY}:VectorizedTD3",
-    ),
-    "sac": _row(
-        "phalanx.algos.sac",
-        "SAC",
-        _SINGLE_AGENT,
-        f"{_VECTORIZED_OFF_POLICY}:VectorizedSAC",
-    ),
-    "redq": _row("phalanx.algos.sac", "REDQ", _SINGLE_AGENT),
-    "mappo": _row("phalanx.marl.mappo", "MAPPO", _MULTI_AGENT),
-    "ippo": _row("phalanx.marl.mappo", "IPPO", _MULTI_AGENT),
-    "qmix": _row("phalanx.marl.qmix", "QMIX", _MULTI_AGENT),
-    "vdn": _row("phalanx.marl.qmix", "VDN", _MULTI_AGENT),
-    "maddpg": _row("phalanx.marl.maddpg", "MADDPG", _MULTI_AGENT),
-    "matd3": _row("phalanx.marl.maddpg", "MATD3", _MULTI_AGENT),
+BUILTIN: dict[str, str] = {
+    "ppo": "phalanx.algos.ppo:PPO",
+    "a2c": "phalanx.algos.ppo:A2C",
+    "dqn": "phalanx.algos.dqn:DQN",
+    "double-dqn": "phalanx.algos.dqn:DoubleDQN",
+    "dueling-dqn": "phalanx.algos.dqn:DuelingDQN",
+    "d3qn": "phalanx.algos.dqn:D3QN",
+    "ddpg": "phalanx.algos.ddpg:DDPG",
+    "td3": "phalanx.algos.td3:TD3",
+    "sac": "phalanx.algos.sac:SAC",
+    "redq": "phalanx.algos.sac:REDQ",
+    "mappo": "phalanx.marl.mappo:MAPPO",
+    "ippo": "phalanx.marl.mappo:IPPO",
+    "qmix": "phalanx.marl.qmix:QMIX",
+    "vdn": "phalanx.marl.qmix:VDN",
+    "maddpg": "phalanx.marl.maddpg:MADDPG",
+    "matd3": "phalanx.marl.maddpg:MATD3",
 }
-"""Every algorithm by the name configs, presets and the CLI use (lower case)."""
+"""phalanx's own algorithms: name -> ``"module:Class"``."""
+
+ALGORITHMS: dict[str, str | type] = dict(BUILTIN)
+"""Every algorithm by the name configs, presets and the CLI use (lower case): phalanx's own, then those
+registered with :func:`register_algorithm`."""
+
+
+def register_algorithm(algorithm: type) -> type:
+    """Add ``algorithm`` (an ``Algorithm`` subclass) to the table under its ``name``, so that ``phalanx
+    train NAME ENV --import MODULE`` and ``make_config(NAME, env, imports=[MODULE])`` train it. Returns the
+    class, so that it can decorate the class statement. Registering the same class again (its module
+    imported twice) is a no-op; a name phalanx or another class already has is a ConfigError."""
+    name = getattr(algorithm, "name", None)
+    declared = isinstance(name, str) and name == name.lower() and name.strip() == name != ""
+    if not declared or not hasattr(algorithm, "config_class") or not hasattr(algorithm, "on_policy"):
+        raise ConfigError(
+            f"register_algorithm({algorithm!r}): an algorithm class declares its `name` (lower case, e.g. "
+            "'reinforce'), its `config_class` and `on_policy`. Subclass phalanx.algos.base.Algorithm; see "
+            "docs/architecture.md, 'Adding an algorithm'."
+        )
+    if name in BUILTIN:
+        raise ConfigError(
+            f"register_algorithm: {name!r} is phalanx's own algorithm ({BUILTIN[name]}); give "
+            f"{algorithm.__qualname__} another name."
+        )
+    current = ALGORITHMS.get(name)
+    if current is not None and _qualified(current) != _qualified(algorithm):
+        raise ConfigError(
+            f"register_algorithm: {name!r} is already {_qualified(current)}; give {_qualified(algorithm)} "
+            "another name."
+        )
+    ALGORITHMS[name] = algorithm
+    return algorithm
+
+
+def _qualified(algorithm: str | type) -> str:
+    if isinstance(algorithm, str):
+        return algorithm
+    return f"{algorithm.__module__}:{algorithm.__qualname__}"
 
 
 def algorithm_names() -> list[str]:
@@ -110,46 +91,53 @@ def canonical_name(name: str) -> str:
         return key
     close = difflib.get_close_matches(str(key), algorithm_names(), n=3, cutoff=0.4)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(f"unknown algorithm {name!r}.{hint} Available: {', '.join(algorithm_names())}.")
+    raise ConfigError(
+        f"unknown algorithm {name!r}.{hint} Available: {', '.join(algorithm_names())}. (An algorithm of "
+        "your own: the module that registers it goes in --import MODULE.)"
+    )
 
 
-def registration(name: str) -> Registration:
-    return ALGORITHMS[canonical_name(name)]
-
-
-def resolve(target: str) -> Any:
-    """The object named by ``"module:attribute"``, importing its module."""
+def resolve(target: str | type) -> Any:
+    """The object named by ``"module:attribute"``, importing its module (a class is itself)."""
+    if not isinstance(target, str):
+        return target
     module, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
 
-def config_class(name: str) -> type:
-    return resolve(registration(name).config)
-
-
 def get_algorithm(name: str) -> type:
     """The ``Algorithm`` class of ``name``."""
-    return resolve(registration(name).algorithm)
+    return resolve(ALGORITHMS[canonical_name(name)])
+
+
+def config_class(name: str) -> type:
+    """The hyperparameters' dataclass of ``name`` (an ``AlgoConfig``)."""
+    return get_algorithm(name).config_class
 
 
 def algorithm_class(name: str, hyperparameters: Any) -> type:
     """The ``Algorithm`` class a run of ``name`` with these hyperparameters builds: the algorithm's own,
-    or its recurrent variant where the hyperparameters ask for a recurrent policy (the config of an
+    or its ``recurrent_variant`` where the hyperparameters ask for a recurrent policy (the config of an
     algorithm with a recurrent variant has the ``recurrent`` field). Every place that builds an algorithm
     from a config (the trainer, the evaluators, ``load_agent``) asks here."""
-    row = registration(name)
-    if row.recurrent is not None and hyperparameters.recurrent is not None:
-        return resolve(row.recurrent)
-    return resolve(row.algorithm)
+    algorithm = get_algorithm(name)
+    if algorithm.recurrent_variant is not None and hyperparameters.recurrent is not None:
+        return resolve(algorithm.recurrent_variant)
+    return algorithm
+
+
+def has_recurrent_policy(name: str) -> bool:
+    """Whether ``name`` has a recurrent variant (``recurrent: lstm|gru`` builds it)."""
+    return get_algorithm(name).recurrent_variant is not None
 
 
 RECURRENT_SETTINGS = ("recurrent", "recurrent_hidden_size", "sequence_length", "burn_in")
-"""The hyperparameters of a recurrent policy (of the algorithms with a ``recurrent`` variant)."""
+"""The hyperparameters of a recurrent policy (of the algorithms with a ``recurrent_variant``)."""
 
 
 def no_recurrent_policy(name: str) -> ConfigError:
     """The error of asking ``name``, which has no recurrent variant, for a recurrent policy."""
-    have = " and ".join(key for key, row in ALGORITHMS.items() if row.recurrent is not None)
+    have = " and ".join(key for key in ALGORITHMS if has_recurrent_policy(key))
     return ConfigError(
         f"{name} has no recurrent policy: recurrent policies (--recurrent lstm|gru and their settings "
         f"{', '.join(RECURRENT_SETTINGS[1:])}) exist for {have}. Use one of those with --recurrent lstm, "
@@ -171,18 +159,20 @@ def algorithms_reading(kind: str, action_space: Any = None) -> list[str]:
 
 
 def trainer_class(name: str) -> type:
-    return resolve(registration(name).trainer)
+    """The trainer class that runs ``name`` (its ``trainer``)."""
+    return resolve(get_algorithm(name).trainer)
 
 
 def agent_class(name: str) -> type:
-    return resolve(registration(name).agent)
+    """The agent class ``phalanx.load_agent`` gives for runs of ``name`` (its ``agent``)."""
+    return resolve(get_algorithm(name).agent)
 
 
 def vectorized_population(name: str) -> type:
     """The vectorized population class of ``name``; a ConfigError names the algorithms that have one."""
-    target = registration(name).population
+    target = get_algorithm(name).vectorized_population
     if target is None:
-        have = ", ".join(key for key, row in ALGORITHMS.items() if row.population is not None)
+        have = ", ".join(key for key in ALGORITHMS if get_algorithm(key).vectorized_population is not None)
         raise ConfigError(
             f"backend 'vectorized' trains {have} members as one batched network, but algo is {name!r}. "
             f"Use one of those algorithms, or the process backend for {name}."

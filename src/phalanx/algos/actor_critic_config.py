@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from phalanx.config import AlgoConfig, TrainConfig, check, is_int
 from phalanx.errors import ConfigError
-from phalanx.registry import no_recurrent_policy, registration
+from phalanx.registry import has_recurrent_policy, no_recurrent_policy
 
 RECURRENT_CELLS = ("lstm", "gru")
 """The memories of a recurrent policy (``ActorCriticConfig.recurrent``)."""
@@ -62,7 +62,7 @@ class ActorCriticConfig(AlgoConfig):
         """The recurrent settings: a known cell, and sequences that tile the horizon."""
         if self.recurrent is None:
             return
-        if registration(run.algo).recurrent is None:
+        if not has_recurrent_policy(run.algo):
             raise no_recurrent_policy(run.algo)
         check(
             self.recurrent in RECURRENT_CELLS,

@@ -140,18 +140,39 @@ class SideBySide:
 
 
 class Algorithm:
+    """A learning rule (see the module docstring for its interface). Its class declares what it is, and
+    ``phalanx.registry`` reads nothing else: the table there maps a name to the class."""
+
     name: ClassVar[str]
+    """The name configs, presets and the CLI call it by (lower case): its key in ``phalanx.registry``."""
     config_class: ClassVar[type[AlgoConfig]]
+    """Its hyperparameters' dataclass (``TrainConfig.hyperparameters`` of its runs)."""
     on_policy: ClassVar[bool]
+    """Whether it learns from rollouts of its current policy (:class:`OnPolicy`: its config has a
+    ``horizon``, it has a ``rollout_buffer`` method) or from a replay (:class:`OffPolicy`: its config is
+    an :class:`OffPolicyConfig`)."""
     extra_state: ClassVar[tuple[str, ...]] = ()
     """Attributes a checkpoint holds beside the networks and optimisers: counters, tensors (SAC's
     ``log_alpha``); see :meth:`state_dict`."""
     action_spaces: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
+    """The action spaces it acts in: Discrete (discrete actions), Box (continuous), MultiDiscrete."""
     observations: ClassVar[tuple[str, ...]] = ("flat",)
     """The kinds of observation space the algorithm reads (``phalanx.nets.observation_kind``): flat (a
     1-D Box), image (a Box of images, through a CNN encoder), dict (a Dict of flat and image parts)."""
     multi_agent: ClassVar[bool] = False
     """Whether the algorithm learns the agents of a multi-agent env (``phalanx.marl``)."""
+    recurrent_variant: ClassVar[str | None] = None
+    """The ``Algorithm`` class a run builds when its hyperparameters ask for a recurrent policy
+    (``recurrent: lstm``), as ``"module:Class"`` (imported when a run asks for it); None: it has none."""
+    vectorized_population: ClassVar[str | None] = None
+    """Its vectorized population, ``"module:Class"`` (P members as one batched run: ``phalanx population
+    run --backend vectorized``); None: it has none. Both are inherited: a subclass that is another
+    algorithm says its own (A2C, a PPO, has no vectorized population: None)."""
+    trainer: ClassVar[str] = "phalanx.train.trainer:Trainer"
+    """The trainer class that runs it, ``"module:Class"`` (a layer above the algorithms: imported by the
+    runtime when a run starts)."""
+    agent: ClassVar[str] = "phalanx.agent:Agent"
+    """The class ``phalanx.load_agent`` gives for its runs, ``"module:Class"``."""
 
     def __init__(
         self,
@@ -334,6 +355,12 @@ class OffPolicyConfig(AlgoConfig):
     """Polyak factor of the target networks (1.0: hard copy)."""
     n_step: int = 1
     """Steps of reward summed in each TD target (n-step returns; stops at episode ends)."""
+
+    @property
+    def replay_stacked_frames(self) -> int:
+        """The frames each image observation is a stack of, which the replay stores once each (1: every
+        observation stored whole). A setting of the configs that read stacked frames (the DQN family's)."""
+        return 1
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)

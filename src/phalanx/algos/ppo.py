@@ -400,6 +400,8 @@ class PPO(Algorithm):
     name = "ppo"
     config_class = PPOConfig
     on_policy = True
+    recurrent_variant = "phalanx.algos.recurrent:RecurrentPPO"
+    vectorized_population = "phalanx.population.vectorized:VectorizedPPO"
     config: PPOConfig
     action_spaces = (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete)
     observations = ("flat", "image", "dict")
@@ -572,6 +574,8 @@ class A2C(PPO):
 
     name = "a2c"
     config_class = A2CConfig
+    recurrent_variant = "phalanx.algos.recurrent:RecurrentA2C"
+    vectorized_population = None
     config: A2CConfig
 
     def make_optimizer(self) -> torch.optim.Optimizer:

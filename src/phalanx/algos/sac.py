@@ -204,6 +204,7 @@ SAC_RULE = LearningRule(
 class SAC(EnsembleCriticAlgorithm):
     name = "sac"
     config_class = SACConfig
+    vectorized_population = "phalanx.population.vectorized_off_policy:VectorizedSAC"
     config: SACConfig
     extra_state = ("updates", "log_alpha")
     rule = SAC_RULE
@@ -246,3 +247,4 @@ class SAC(EnsembleCriticAlgorithm):
 class REDQ(SAC):
     name = "redq"
     config_class = REDQConfig
+    vectorized_population = None

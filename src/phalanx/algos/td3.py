@@ -37,5 +37,6 @@ TD3_RULE = DDPG_RULE._replace(next_action_noise=True)
 class TD3(DDPG):
     name = "td3"
     config_class = TD3Config
+    vectorized_population = "phalanx.population.vectorized_off_policy:VectorizedTD3"
     config: TD3Config
     rule = TD3_RULE

@@ -20,9 +20,12 @@ from phalanx.registry import (
     RECURRENT_SETTINGS,
     algorithm_names,
     get_algorithm,
+    has_recurrent_policy,
     no_recurrent_policy,
-    registration,
 )
+
+IMPORT_FLAGS = ("--import", "--imports")
+"""The spellings of the flag that names the modules to import (``TrainConfig.imports``)."""
 
 
 def cli_config_class(algorithm: Any) -> type:
@@ -146,7 +149,11 @@ def parse_train_args(
     prog: str = "phalanx train",
 ) -> Any:
     """``ALGO ENV [--config FILE] [flags]`` -> a validated TrainConfig (``settings``: a config's values
-    that the flags override, e.g. the base of a population file)."""
+    that the flags override, e.g. the base of a population file). ``--import MODULE`` may also come first,
+    one module each (``--import my_algo ALGO ENV``): the modules are imported before ALGO is looked up,
+    since one may register it."""
+    leading, argv = leading_imports(argv)
+    import_modules(leading, "arguments")
     positional = [a for a in argv[:2] if not a.startswith("-")]
     # `phalanx train ppo --help` shows the flags with the algorithm's defaults, without an env.
     asking_help = len(positional) == 1 and any(a in ("-h", "--help") for a in argv)
@@ -154,8 +161,8 @@ def parse_train_args(
         raise PhalanxError(f"`{prog}` needs an algorithm and an environment.\n{train_usage(prog)}")
     algo = positional[0]
     env = positional[1] if len(positional) > 1 else ""
-    rest = argv[len(positional) :]
-    algorithm = get_algorithm(algo)
+    rest = [f"--import={module}" for module in leading] + argv[len(positional) :]
+    import_modules(flag_values(rest, IMPORT_FLAGS), "arguments")
 
     settings = dict(settings or {})
     if "--config" in rest:
@@ -172,8 +179,9 @@ def parse_train_args(
                 )
         rest = rest[:index] + rest[index + 2 :]
         where = f"config file {config_file!r}"
-    default = make_config(algorithm.name, env, where=where, **settings)
-    if registration(algorithm.name).recurrent is None and recurrent_flags(rest):
+    default = make_config(algo, env, where=where, **settings)  # imports the modules the settings name first
+    algorithm = get_algorithm(default.algo)
+    if not has_recurrent_policy(algorithm.name) and recurrent_flags(rest):
         raise no_recurrent_policy(algorithm.name)
     cls = cli_config_class(algorithm)
     base = {f.name: getattr(default, f.name) for f in dataclasses.fields(TrainConfig)}
@@ -187,9 +195,39 @@ def parse_train_args(
         registry=number_rules(),
     )
     config = TrainConfig(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(TrainConfig)})
-    import_modules(config.imports, "arguments")
     config.validate()
     return config
+
+
+def leading_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The modules of the ``--import MODULE`` flags that come before ALGO ENV (one module each), and the
+    rest of ``argv``."""
+    modules: list[str] = []
+    while argv:
+        flag, equals, inline = argv[0].partition("=")
+        if flag not in IMPORT_FLAGS or (not equals and len(argv) < 2):
+            break
+        modules.append(inline if equals else argv[1])
+        argv = argv[1:] if equals else argv[2:]
+    return modules, argv
+
+
+def flag_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The values of every occurrence of ``flags`` in ``argv``, in order: ``--flag A B`` (up to the next
+    flag) or ``--flag=A``."""
+    values: list[str] = []
+    taking = False
+    for token in argv:
+        if token == "--":
+            break
+        flag, equals, inline = token.partition("=")
+        if token.startswith("-") and to_number(float, token) is None:  # a flag, not -1
+            taking = flag in flags and not equals
+            if flag in flags and equals:
+                values.append(inline)
+        elif taking:
+            values.append(token)
+    return values
 
 
 def recurrent_flags(argv: list[str]) -> list[str]:

@@ -393,13 +393,14 @@ def make_config(
     Overrides may name any TrainConfig field or any hyperparameter of the algorithm, flat
     (``learning_rate=1e-3``) or nested (``hyperparameters={"learning_rate": 1e-3}``).
     """
+    if "imports" in overrides:  # first: a module may register algo (phalanx.registry.register_algorithm)
+        import_modules(coerce(TrainConfig, "imports", overrides["imports"], where), where)
     name = canonical_name(algo)
     hyperparameter_class = config_class(name)
     merged: dict[str, Any] = {}
     if use_preset:
         merged = _merge(merged, presets(name).get(env, {}))
     merged = _merge(merged, dict(overrides))
-
     run_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"algo", "env", "hyperparameters"}
     hp_fields = {f.name for f in dataclasses.fields(hyperparameter_class)}
     run_values: dict[str, Any] = {}
@@ -418,7 +419,6 @@ def make_config(
         **{k: coerce(hyperparameter_class, k, v, where) for k, v in hp_values.items()}
     )
     run_values = {k: coerce(TrainConfig, k, v, where) for k, v in run_values.items()}
-    import_modules(run_values.get("imports", ()), where)
     return TrainConfig(algo=name, env=env, hyperparameters=hyperparameters, **run_values)
 
 

@@ -61,6 +61,8 @@ class MultiAgentAlgorithm(Algorithm):
     """Base of the multi-agent algorithms (see the module docstring for the interface)."""
 
     multi_agent = True
+    trainer = "phalanx.marl.trainer:MultiAgentTrainer"
+    agent = "phalanx.marl.agent:MultiAgentAgent"
     action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "continuous")
     """Which action spaces the algorithm learns: discrete (Discrete) and/or continuous (Box)."""
 

@@ -16,7 +16,6 @@ import gymnasium as gym
 import torch
 
 from phalanx.algos.base import Algorithm
-from phalanx.algos.dqn import DQNConfig
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
@@ -62,12 +61,6 @@ def action_storage(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtyp
     """How a buffer stores actions of ``action_space``: their shape, and int64 (discrete) or float32."""
     integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
     return action_space.shape, torch.int64 if integer_actions else torch.float32
-
-
-def replay_stacked_frames(hyperparameters: Any) -> int:
-    """The frames a replay stores each observation's stack of (the DQN family reads images; its
-    hyperparameters say whether they are stacks of frames), else 1."""
-    return hyperparameters.replay_stacked_frames if isinstance(hyperparameters, DQNConfig) else 1
 
 
 class Trainer:
@@ -259,7 +252,7 @@ class Trainer:
             action_shape,
             action_dtype,
             self.device,
-            replay_stacked_frames(hp),
+            hp.replay_stacked_frames,
         )
 
     @classmethod
@@ -281,7 +274,7 @@ class Trainer:
             observation_space,
             *action_storage(action_space),
             as_device(config.device),
-            replay_stacked_frames(hp),
+            hp.replay_stacked_frames,
         )
 
     # -- state -----------------------------------------------------------------------------------
