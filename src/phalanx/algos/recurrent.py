@@ -60,7 +60,7 @@ from phalanx.algos.ppo import (
     ppo_update,
     update_settings,
 )
-from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
     CategoricalPolicy,
@@ -218,8 +218,15 @@ class RecurrentRolloutBuffer(RolloutBuffer):
 
     MEMORY_FIELDS = ("memory", "episode_starts", "final_memory")
 
-    def __init__(self, horizon: int, num_envs: int, *args: Any, memory_shape: tuple[int, int], **kwargs: Any):
-        super().__init__(horizon, num_envs, *args, **kwargs)
+    def __init__(
+        self,
+        horizon: int,
+        num_envs: int,
+        layout: StepLayout,
+        device: str | torch.device,
+        memory_shape: tuple[int, int],
+    ) -> None:
+        super().__init__(horizon, num_envs, layout, device)
         self.memory_shape = tuple(memory_shape)
         self.memory = torch.zeros(horizon, num_envs, *self.memory_shape, device=self.device)
         self.episode_starts = torch.zeros(horizon, num_envs, dtype=torch.bool, device=self.device)
@@ -287,9 +294,9 @@ class RecurrentPPO(PPO):
         return torch.zeros(batch, *self.memory_shape, device=self.device)
 
     def rollout_buffer(
-        self, horizon: int, num_envs: int, *args: Any, **kwargs: Any
+        self, horizon: int, num_envs: int, layout: StepLayout, device: str | torch.device
     ) -> RecurrentRolloutBuffer:
-        return RecurrentRolloutBuffer(horizon, num_envs, *args, memory_shape=self.memory_shape, **kwargs)
+        return RecurrentRolloutBuffer(horizon, num_envs, layout, device, self.memory_shape)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()

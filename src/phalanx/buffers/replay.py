@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from phalanx.buffers.layout import StepLayout
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.errors import CheckpointError
 
@@ -127,27 +128,19 @@ class ReplayRing:
 
     FIELDS: ClassVar[tuple[str, ...]]
 
-    def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        device: str | torch.device,
-        obs_dtype: torch.dtype,
-    ) -> None:
+    def __init__(self, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device) -> None:
         self.device = torch.device(device)
         self.num_envs = num_envs
         self.slots = max(capacity // num_envs, 1)
         self.capacity = self.slots * num_envs
-        self.obs_shape = tuple(obs_shape)
-        self.action_shape = tuple(action_shape)
-        self.obs_dtype = obs_dtype
+        self.layout = layout
+        self.obs_shape, self.obs_dtype = layout.obs_shape, layout.obs_dtype
+        self.action_shape, self.action_dtype = layout.action_shape, layout.action_dtype
 
-    def allocate_steps(self, action_dtype: torch.dtype) -> None:
+    def allocate_steps(self) -> None:
         """The ``(slots, N, ...)`` actions, rewards and episode flags, and an empty ring."""
         shape = (self.slots, self.num_envs)
-        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.actions = torch.zeros(*shape, *self.action_shape, dtype=self.action_dtype, device=self.device)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
@@ -214,61 +207,41 @@ class ReplayBuffer(ReplayRing):
     apart from ``truncated``: a TD target bootstraps through a time limit, never through a terminal
     state. Sampling draws indices with ``torch.randint`` on the device: no host round trip.
 
-    Observations are stored in ``obs_dtype`` (uint8 images stay uint8). For images,
-    :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once instead of twice
-    (or 8 times); :func:`make_replay_buffer` chooses.
+    Each step is stored as ``layout`` says: observations in its ``obs_dtype`` (uint8 images stay uint8).
+    For images, :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once
+    instead of twice (or 8 times); :func:`make_replay_buffer` chooses.
     """
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
 
     def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.float32,
-        members: int = 1,
+        self, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device, members: int = 1
     ) -> None:
         """``members``: the buffer holds a population's members' transitions together (the memory
         check's error then says to use fewer members)."""
-        super().__init__(capacity, num_envs, obs_shape, action_shape, device, obs_dtype)
-        check_memory(
-            self.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype), members
+        super().__init__(capacity, num_envs, layout, device)
+        check_memory(self.memory(capacity, num_envs, layout, device), members)
+        self.obs = torch.zeros(
+            self.slots, num_envs, *self.obs_shape, dtype=self.obs_dtype, device=self.device
         )
-        self.obs = torch.zeros(self.slots, num_envs, *self.obs_shape, dtype=obs_dtype, device=self.device)
         self.next_obs = torch.zeros_like(self.obs)
-        self.allocate_steps(action_dtype)
+        self.allocate_steps()
 
     @staticmethod
-    def bytes_needed(
-        capacity: int,
-        obs_shape: tuple,
-        action_shape: tuple,
-        action_dtype: torch.dtype,
-        obs_dtype: torch.dtype = torch.float32,
-    ) -> int:
-        obs = obs_dtype.itemsize * math.prod(obs_shape)
-        return capacity * (2 * obs + transition_bytes(action_shape, action_dtype))
+    def bytes_needed(capacity: int, layout: StepLayout) -> int:
+        obs = layout.obs_dtype.itemsize * math.prod(layout.obs_shape)
+        return capacity * (2 * obs + transition_bytes(layout.action_shape, layout.action_dtype))
 
     @classmethod
     def memory(
-        cls,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.float32,
+        cls, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device
     ) -> ReplayMemory:
         """What a buffer built with these arguments takes, without allocating it."""
         capacity = max(capacity // num_envs, 1) * num_envs
-        obs_shape, action_shape = tuple(obs_shape), tuple(action_shape)
-        needed = cls.bytes_needed(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
-        return ReplayMemory(needed, capacity, replay_layout(obs_shape, action_shape), torch.device(device))
+        needed = cls.bytes_needed(capacity, layout)
+        return ReplayMemory(
+            needed, capacity, replay_layout(layout.obs_shape, layout.action_shape), torch.device(device)
+        )
 
     def add(
         self,
