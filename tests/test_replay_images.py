@@ -16,7 +16,7 @@ from phalanx.buffers import (
     ReplayBuffer,
     RolloutBuffer,
     StepLayout,
-    make_replay_buffer,
+    replay_choice,
     storage_dtype,
 )
 from phalanx.config import make_config
@@ -212,16 +212,16 @@ def test_compact_replay_state_round_trip_continues_identically():
         restored.load_state_dict(plain.state_dict())
 
 
-def test_make_replay_buffer_picks_the_compact_replay_for_images_and_refuses_bad_stacks():
+def test_replay_choice_picks_the_compact_replay_for_images_and_refuses_bad_stacks():
     image = gym.spaces.Box(0, 255, (4, 12, 12), np.uint8)
     vector = gym.spaces.Box(-1, 1, (6,), np.float32)
     actions = gym.spaces.Discrete(3)
-    assert isinstance(make_replay_buffer(64, 2, image, actions, "cpu", 4), CompactReplayBuffer)
-    assert type(make_replay_buffer(64, 2, vector, actions, "cpu")) is ReplayBuffer
+    assert isinstance(replay_choice(64, 2, image, actions, "cpu", 4).build(), CompactReplayBuffer)
+    assert type(replay_choice(64, 2, vector, actions, "cpu").build()) is ReplayBuffer
     with pytest.raises(ConfigError, match=r"needs observations of shape \(3, \.\.\.\).*\(4, 12, 12\)"):
-        make_replay_buffer(64, 2, image, actions, "cpu", 3)
+        replay_choice(64, 2, image, actions, "cpu", 3).build()
     with pytest.raises(ConfigError, match="not an image space"):
-        make_replay_buffer(64, 2, vector, actions, "cpu", 4)
+        replay_choice(64, 2, vector, actions, "cpu", 4)
 
 
 # -- memory ----------------------------------------------------------------------------------------------

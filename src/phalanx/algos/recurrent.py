@@ -218,15 +218,8 @@ class RecurrentRolloutBuffer(RolloutBuffer):
 
     MEMORY_FIELDS = ("memory", "episode_starts", "final_memory")
 
-    def __init__(
-        self,
-        horizon: int,
-        num_envs: int,
-        layout: StepLayout,
-        device: str | torch.device,
-        memory_shape: tuple[int, int],
-    ) -> None:
-        super().__init__(horizon, num_envs, layout, device)
+    def __init__(self, horizon: int, num_envs: int, *args: Any, memory_shape: tuple[int, int], **kwargs: Any):
+        super().__init__(horizon, num_envs, *args, **kwargs)
         self.memory_shape = tuple(memory_shape)
         self.memory = torch.zeros(horizon, num_envs, *self.memory_shape, device=self.device)
         self.episode_starts = torch.zeros(horizon, num_envs, dtype=torch.bool, device=self.device)
@@ -296,7 +289,7 @@ class RecurrentPPO(PPO):
     def rollout_buffer(
         self, horizon: int, num_envs: int, layout: StepLayout, device: str | torch.device
     ) -> RecurrentRolloutBuffer:
-        return RecurrentRolloutBuffer(horizon, num_envs, layout, device, self.memory_shape)
+        return RecurrentRolloutBuffer(horizon, num_envs, layout, device, memory_shape=self.memory_shape)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -15,9 +15,9 @@ computing advantages is a short loop of elementwise kernels, with no host synchr
 
 from __future__ import annotations
 
-from phalanx.buffers.choice import make_replay_buffer, replay_choice, replay_memory
+from phalanx.buffers.choice import ReplayChoice, replay_choice
 from phalanx.buffers.compact import WORDS, CompactReplayBuffer
-from phalanx.buffers.layout import StepLayout, action_storage, storage_dtype
+from phalanx.buffers.layout import Device, StepLayout, action_storage, storage_dtype
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.buffers.replay import NStepWindow, ReplayBatch, ReplayBuffer, ReplayRing, load_fields
 from phalanx.buffers.rollout import SCAN_MAX_ENVS, RolloutBuffer, compute_gae, compute_gae_scan
@@ -26,8 +26,10 @@ __all__ = [
     "SCAN_MAX_ENVS",
     "WORDS",
     "CompactReplayBuffer",
+    "Device",
     "NStepWindow",
     "ReplayBatch",
+    "ReplayChoice",
     "ReplayBuffer",
     "ReplayMemory",
     "ReplayRing",
@@ -38,10 +40,8 @@ __all__ = [
     "compute_gae",
     "compute_gae_scan",
     "load_fields",
-    "make_replay_buffer",
     "replay_choice",
     "replay_layout",
-    "replay_memory",
     "storage_dtype",
     "transition_bytes",
 ]

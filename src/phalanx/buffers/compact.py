@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from phalanx.buffers.layout import StepLayout
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.buffers.replay import ReplayBatch, ReplayRing
 from phalanx.errors import CheckpointError, ConfigError
@@ -62,12 +62,7 @@ class CompactReplayBuffer(ReplayRing):
     )
 
     def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        layout: StepLayout,
-        device: str | torch.device,
-        stacked_frames: int = 1,
+        self, capacity: int, num_envs: int, layout: StepLayout, device: Device, stacked_frames: int = 1
     ) -> None:
         super().__init__(capacity, num_envs, layout, device)
         if stacked_frames < 1 or (stacked_frames > 1 and self.obs_shape[:1] != (stacked_frames,)):
@@ -125,12 +120,7 @@ class CompactReplayBuffer(ReplayRing):
 
     @classmethod
     def memory(
-        cls,
-        capacity: int,
-        num_envs: int,
-        layout: StepLayout,
-        device: str | torch.device,
-        stacked_frames: int = 1,
+        cls, capacity: int, num_envs: int, layout: StepLayout, device: Device, stacked_frames: int = 1
     ) -> ReplayMemory:
         """What a buffer built with these arguments takes, without allocating it."""
         slots = max(capacity // num_envs, 1)
@@ -146,17 +136,8 @@ class CompactReplayBuffer(ReplayRing):
         self.drop_overwritten()
         return super().__len__()
 
-    def add(
-        self,
-        obs: Tensor,
-        actions: Tensor,
-        rewards: Tensor,
-        next_obs: Tensor,
-        terminated: Tensor,
-        truncated: Tensor,
-    ) -> None:
-        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
-        synchronisation)."""
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
+        """Write the frames of ``obs`` and ``next_obs`` the rows do not hold yet, and their serials."""
         stacks = (self.num_envs, self.stacked_frames, -1)
         obs_words = self.words(obs.to(self.obs_dtype)).view(stacks)  # (N, k, W)
         next_words = self.words(next_obs.to(self.obs_dtype)).view(stacks)
@@ -169,7 +150,6 @@ class CompactReplayBuffer(ReplayRing):
         self.last_words.copy_(next_words)
         self.obs_serial[self.position] = obs_serial
         self.next_serial[self.position] = next_serial
-        self.store_step(actions, rewards, terminated, truncated)
         self.margin -= 2 * self.stacked_frames
 
     def words(self, tensor: Tensor) -> Tensor:

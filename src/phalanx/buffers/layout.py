@@ -11,6 +11,9 @@ import torch
 
 from phalanx.nets import observation_shape
 
+Device = str | torch.device
+"""A device as the buffers take it: a torch.device or its name."""
+
 
 def storage_dtype(space: gym.Space) -> torch.dtype:
     """The dtype buffers store observations of ``space`` in: the space's own (uint8 images stay uint8, one

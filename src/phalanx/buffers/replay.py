@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from phalanx.buffers.layout import StepLayout
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.errors import CheckpointError
 
@@ -121,14 +121,14 @@ def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner
 
 
 class ReplayRing:
-    """What both replay buffers share: a time-major ring of ``slots`` steps of ``num_envs`` sub-envs, its
-    actions, rewards and episode flags, the n-step sampling and the checkpoint state. A subclass says how
-    it stores observations (:meth:`stored_obs`, :meth:`stored_next_obs`) and lists its tensors in
-    ``FIELDS``."""
+    """What both replay buffers share: a time-major ring of ``slots`` steps of ``num_envs`` sub-envs, each
+    step stored as a :class:`StepLayout` says, its actions, rewards and episode flags, adding a step, the
+    n-step sampling and the checkpoint state. A subclass says how it stores observations
+    (:meth:`store_obs`, :meth:`stored_obs`, :meth:`stored_next_obs`) and lists its tensors in ``FIELDS``."""
 
     FIELDS: ClassVar[tuple[str, ...]]
 
-    def __init__(self, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device) -> None:
+    def __init__(self, capacity: int, num_envs: int, layout: StepLayout, device: Device) -> None:
         self.device = torch.device(device)
         self.num_envs = num_envs
         self.slots = max(capacity // num_envs, 1)
@@ -154,6 +154,24 @@ class ReplayRing:
 
     def __len__(self) -> int:
         return self.filled * self.num_envs
+
+    def add(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        rewards: Tensor,
+        next_obs: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> None:
+        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
+        synchronisation)."""
+        self.store_obs(obs, next_obs)
+        self.store_step(actions, rewards, terminated, truncated)
+
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
+        """Write a step's ``obs`` and ``next_obs`` ``(N, *obs_shape)`` for the slot written next."""
+        raise NotImplementedError
 
     def store_step(self, actions: Tensor, rewards: Tensor, terminated: Tensor, truncated: Tensor) -> None:
         """Write a step's actions, rewards and flags to the slot written next, and move on to the next."""
@@ -209,13 +227,13 @@ class ReplayBuffer(ReplayRing):
 
     Each step is stored as ``layout`` says: observations in its ``obs_dtype`` (uint8 images stay uint8).
     For images, :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once
-    instead of twice (or 8 times); :func:`make_replay_buffer` chooses.
+    instead of twice (or 8 times); :func:`replay_choice` chooses.
     """
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
 
     def __init__(
-        self, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device, members: int = 1
+        self, capacity: int, num_envs: int, layout: StepLayout, device: Device, members: int = 1
     ) -> None:
         """``members``: the buffer holds a population's members' transitions together (the memory
         check's error then says to use fewer members)."""
@@ -233,9 +251,7 @@ class ReplayBuffer(ReplayRing):
         return capacity * (2 * obs + transition_bytes(layout.action_shape, layout.action_dtype))
 
     @classmethod
-    def memory(
-        cls, capacity: int, num_envs: int, layout: StepLayout, device: str | torch.device
-    ) -> ReplayMemory:
+    def memory(cls, capacity: int, num_envs: int, layout: StepLayout, device: Device) -> ReplayMemory:
         """What a buffer built with these arguments takes, without allocating it."""
         capacity = max(capacity // num_envs, 1) * num_envs
         needed = cls.bytes_needed(capacity, layout)
@@ -243,19 +259,9 @@ class ReplayBuffer(ReplayRing):
             needed, capacity, replay_layout(layout.obs_shape, layout.action_shape), torch.device(device)
         )
 
-    def add(
-        self,
-        obs: Tensor,
-        actions: Tensor,
-        rewards: Tensor,
-        next_obs: Tensor,
-        terminated: Tensor,
-        truncated: Tensor,
-    ) -> None:
-        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension."""
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
         self.obs[self.position].copy_(obs)
         self.next_obs[self.position].copy_(next_obs)
-        self.store_step(actions, rewards, terminated, truncated)
 
     def stored_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
         return self.obs[slots, envs]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from phalanx.buffers.layout import StepLayout
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.errors import CheckpointError
 
 Tensor = torch.Tensor
@@ -43,7 +43,7 @@ class RolloutBuffer:
         horizon: int,
         num_envs: int,
         layout: StepLayout,
-        device: str | torch.device,
+        device: Device,
     ) -> None:
         self.horizon = horizon
         self.num_envs = num_envs

@@ -21,8 +21,7 @@ from phalanx.buffers import (
     ReplayBuffer,
     RolloutBuffer,
     StepLayout,
-    make_replay_buffer,
-    replay_memory,
+    replay_choice,
 )
 from phalanx.buffers.memory import ReplayMemory
 from phalanx.compiling import should_compile
@@ -230,20 +229,20 @@ class Trainer:
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer | CompactReplayBuffer:
         """The rollout or replay buffer the hyperparameters ask for, observations in the env's dtype (uint8
         images stay uint8); the replay of image observations stores each one once
-        (:func:`~phalanx.buffers.make_replay_buffer`)."""
+        (:func:`~phalanx.buffers.replay_choice`)."""
         config, hp = self.config, self.config.hyperparameters
         observation_space, action_space = self.env.single_observation_space, self.env.single_action_space
         if self.algorithm.on_policy:
             layout = StepLayout.of(observation_space, action_space)  # a Dict's observations: flat vectors
             return self.algorithm.rollout_buffer(hp.horizon, config.num_envs, layout, self.device)
-        return make_replay_buffer(
+        return replay_choice(
             hp.buffer_size,
             config.num_envs,
             observation_space,
             action_space,
             self.device,
             replay_stacked_frames(hp),
-        )
+        ).build()
 
     @classmethod
     def replay_memory(cls, config: TrainConfig) -> ReplayMemory | None:
@@ -258,14 +257,14 @@ class Trainer:
         finally:
             env.close()
         hp = config.hyperparameters
-        return replay_memory(
+        return replay_choice(
             hp.buffer_size,
             config.num_envs,
             observation_space,
             action_space,
             as_device(config.device),
             replay_stacked_frames(hp),
-        )
+        ).memory()
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
