@@ -34,20 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 import phalanx  # noqa: E402
-from phalanx.buffers import CompactReplayBuffer, ReplayBuffer  # noqa: E402
+from phalanx.buffers import CompactReplayBuffer, ReplayBuffer, StepLayout  # noqa: E402
 
 ATARI_SHAPE = (4, 84, 84)
 LAYOUTS = ("float32 plain", "uint8 plain", "uint8 compact", "uint8 compact, frames shared")
 
 
 def make_buffer(layout: str, capacity: int, num_envs: int, device: str) -> ReplayBuffer | CompactReplayBuffer:
-    common = (capacity, num_envs, ATARI_SHAPE, (), torch.int64, device)
-    if layout == "float32 plain":
-        return ReplayBuffer(*common)
-    if layout == "uint8 plain":
-        return ReplayBuffer(*common, obs_dtype=torch.uint8)
+    obs_dtype = torch.float32 if layout == "float32 plain" else torch.uint8
+    step = StepLayout(ATARI_SHAPE, obs_dtype, (), torch.int64)
+    if layout.endswith("plain"):
+        return ReplayBuffer(capacity, num_envs, step, device)
     stacked_frames = 4 if layout.endswith("frames shared") else 1
-    return CompactReplayBuffer(*common, torch.uint8, stacked_frames)
+    return CompactReplayBuffer(capacity, num_envs, step, device, stacked_frames)
 
 
 def allocated(capacity: int, num_envs: int) -> list[dict[str, Any]]:

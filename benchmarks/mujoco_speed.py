@@ -64,12 +64,14 @@ from benchlib import (  # noqa: E402
 )
 
 import phalanx  # noqa: E402
-from phalanx.buffers import ReplayBuffer  # noqa: E402
+from phalanx.buffers import ReplayBuffer, StepLayout  # noqa: E402
 from phalanx.optim import FlatAdam  # noqa: E402
 from phalanx.registry import get_algorithm  # noqa: E402
 
 ENV_ID = "HalfCheetah-v5"
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5's observation and action sizes
+LAYOUT = StepLayout((OBS_DIM,), torch.float32, (ACTION_DIM,), torch.float32)
+"""HalfCheetah-v5's step as the buffers store it."""
 ALGOS = ("ppo", "sac", "td3")
 STEP_VARIANTS = ("eager", "compiled", "eager, torch Optimizer.step")
 RUN_VARIANTS: dict[str, list[str]] = {
@@ -107,7 +109,7 @@ def ppo_update(algorithm: Any, config: phalanx.TrainConfig) -> tuple[Callable[[]
     """One PPO update of the preset's rollout shape on random data; (the update, its gradient steps)."""
     hp = config.hyperparameters
     horizon, num_envs = hp.horizon, config.num_envs
-    rollout = algorithm.rollout_buffer(horizon, num_envs, (OBS_DIM,), (ACTION_DIM,), torch.float32, "cpu")
+    rollout = algorithm.rollout_buffer(horizon, num_envs, LAYOUT, "cpu")
     generator = torch.Generator().manual_seed(0)
     rollout.obs.copy_(torch.randn(horizon, num_envs, OBS_DIM, generator=generator))
     rollout.next_obs.copy_(torch.randn(horizon, num_envs, OBS_DIM, generator=generator))
@@ -127,7 +129,7 @@ def off_policy_update(algorithm: Any, config: phalanx.TrainConfig) -> tuple[Call
     hp = config.hyperparameters
     num_envs = config.num_envs
     slots = 10_000 // num_envs
-    buffer = ReplayBuffer(slots * num_envs, num_envs, (OBS_DIM,), (ACTION_DIM,), torch.float32, "cpu")
+    buffer = ReplayBuffer(slots * num_envs, num_envs, LAYOUT, "cpu")
     generator = torch.Generator().manual_seed(0)
     for _ in range(slots):
         buffer.add(

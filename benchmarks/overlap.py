@@ -32,7 +32,7 @@ from benchlib import add_json_option, machine_info, markdown_table, write_json  
 
 def collection_rate(config, horizon: int, rollouts: int) -> float:
     """Env steps per second of ``rollouts`` timed rollouts (after one warm-up rollout)."""
-    from phalanx.buffers import RolloutBuffer
+    from phalanx.buffers import RolloutBuffer, StepLayout
     from phalanx.registry import get_algorithm
     from phalanx.train.environments import build_env
     from phalanx.train.worker import Worker
@@ -42,14 +42,9 @@ def collection_rate(config, horizon: int, rollouts: int) -> float:
         algorithm = get_algorithm(config.algo)(
             config.hyperparameters, env.single_observation_space, env.single_action_space, torch.device("cpu")
         )
-        buffer = RolloutBuffer(
-            horizon,
-            config.num_envs,
-            env.single_observation_space.shape,
-            env.single_action_space.shape,
-            torch.float32,
-            torch.device("cpu"),
-        )
+        obs_shape, action_shape = env.single_observation_space.shape, env.single_action_space.shape
+        layout = StepLayout(obs_shape, torch.float32, action_shape, torch.float32)
+        buffer = RolloutBuffer(horizon, config.num_envs, layout, torch.device("cpu"))
         worker = Worker(env, algorithm)
         worker.reset(seed=0)
         with torch.no_grad():

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_json_option, machine_info, markdown_table, write_json  # noqa: E402
 
 import phalanx  # noqa: E402
-from phalanx.buffers import ReplayBatch, RolloutBuffer, compute_gae, compute_gae_scan  # noqa: E402
+from phalanx.buffers import ReplayBatch, RolloutBuffer, StepLayout, compute_gae, compute_gae_scan  # noqa: E402
 from phalanx.registry import get_algorithm  # noqa: E402
 
 
@@ -105,7 +105,8 @@ def _cartpole_ppo(config: phalanx.TrainConfig):
 
 def _rollout(algorithm, horizon: int, num_envs: int) -> RolloutBuffer:
     """A rollout of random observations acted on by ``algorithm``, reward 1, an episode end in 2%."""
-    rollout = RolloutBuffer(horizon, num_envs, (4,), (), torch.int64, torch.device("cpu"))
+    layout = StepLayout((4,), torch.float32, (), torch.int64)
+    rollout = RolloutBuffer(horizon, num_envs, layout, torch.device("cpu"))
     generator = torch.Generator().manual_seed(0)
     for t in range(horizon):
         obs = torch.randn(num_envs, 4, generator=generator)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae
 from phalanx.errors import CheckpointError
 
 
@@ -149,8 +149,8 @@ def test_compute_gae_on_cuda_does_not_sync() -> None:
 
 def make_buffer(discrete: bool, horizon: int = 4, num_envs: int = 3) -> RolloutBuffer:
     if discrete:
-        return RolloutBuffer(horizon, num_envs, (5,), (), torch.int64, "cpu")
-    return RolloutBuffer(horizon, num_envs, (5,), (2,), torch.float32, "cpu")
+        return RolloutBuffer(horizon, num_envs, StepLayout((5,), torch.float32, (), torch.int64), "cpu")
+    return RolloutBuffer(horizon, num_envs, StepLayout((5,), torch.float32, (2,), torch.float32), "cpu")
 
 
 def random_step(buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from torch._dynamo.utils import counters
 
 import phalanx
 from phalanx.algos.ppo import A2C, PPO
-from phalanx.buffers import SCAN_MAX_ENVS, RolloutBuffer, compute_gae, compute_gae_scan
+from phalanx.buffers import SCAN_MAX_ENVS, RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.compiling import compile_problem
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import mlp
@@ -97,7 +97,7 @@ def random_rollout(discrete: bool, horizon: int) -> RolloutBuffer:
     """A rollout of random observations, rewards and episode ends, actions from a throwaway policy."""
     generator = torch.Generator().manual_seed(1)
     shape, dtype = ((), torch.int64) if discrete else ((2,), torch.float32)
-    rollout = RolloutBuffer(horizon, NUM_ENVS, (4,), shape, dtype, "cpu")
+    rollout = RolloutBuffer(horizon, NUM_ENVS, StepLayout((4,), torch.float32, shape, dtype), "cpu")
     for t in range(horizon):
         obs = torch.randn(NUM_ENVS, 4, generator=generator)
         actions = (

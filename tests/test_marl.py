@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import phalanx
-from phalanx.buffers import ReplayBuffer
+from phalanx.buffers import ReplayBuffer, StepLayout
 from phalanx.errors import ConfigError, EnvError
 from phalanx.marl.base import to_env_actions, with_agent_ids
 from phalanx.marl.buffers import MultiAgentReplayBuffer, MultiAgentRollout
@@ -218,7 +218,7 @@ def test_multi_agent_n_step_returns_are_the_single_agent_ones_per_agent():
     return (times its reward scale), discount and bootstrap step."""
     spec = MultiAgentSpec.of(SimpleSpread(num_envs=1))
     replay = MultiAgentReplayBuffer(40, 4, spec, "cpu")
-    single = ReplayBuffer(40, 4, (1,), (), torch.long, "cpu")
+    single = ReplayBuffer(40, 4, StepLayout((1,), torch.float32, (), torch.long), "cpu")
     generator = torch.Generator().manual_seed(3)
     for step in range(13):  # wraps around its 10 slots
         reward = torch.randn(4, generator=generator)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.buffers import ReplayBuffer
+from phalanx.buffers import ReplayBuffer, StepLayout
 from phalanx.cli import parse_train_args
 from phalanx.config import make_config, presets
 from phalanx.envs.mujoco_warnings import SILENCED, forward_warning, is_gymnasium_mujoco
@@ -83,14 +83,16 @@ def fake_memory(monkeypatch, available):
     monkeypatch.setattr("phalanx.buffers.memory.available_memory", lambda device: available)
 
 
+HUMANOID = StepLayout((348,), torch.float32, (17,), torch.float32)
+"""Humanoid's observations and actions."""
+
+
 def humanoid_replay(members=1):
-    return ReplayBuffer(
-        1_000_000 * members, 16 * members, (348,), (17,), torch.float32, "cpu", members=members
-    )
+    return ReplayBuffer(1_000_000 * members, 16 * members, HUMANOID, "cpu", members=members)
 
 
 def test_replay_that_does_not_fit_is_refused_with_bytes_and_fix(monkeypatch):
-    assert ReplayBuffer.bytes_needed(1_000_000, (348,), (17,), torch.float32) == HUMANOID_BYTES
+    assert ReplayBuffer.bytes_needed(1_000_000, HUMANOID) == HUMANOID_BYTES
     fake_memory(monkeypatch, 2 * 2**30)
     fits = int(0.9 * 2 * 2**30 / (HUMANOID_BYTES / 1_000_000))
     with pytest.raises(ConfigError) as error:
@@ -112,7 +114,7 @@ def test_population_replay_that_does_not_fit_says_to_use_fewer_members(monkeypat
 
 def test_replay_that_fits_is_allocated(monkeypatch):
     fake_memory(monkeypatch, 10 * 2**30)
-    ReplayBuffer(1000, 4, (348,), (17,), torch.float32, "cpu")  # no error
+    ReplayBuffer(1000, 4, HUMANOID, "cpu")  # no error
 
 
 def test_trainer_refuses_a_preset_the_machine_cannot_hold_before_creating_the_run(monkeypatch, tmp_path):

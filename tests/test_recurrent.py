@@ -21,6 +21,7 @@ from phalanx.algos.recurrent import (
     reset_memory,
     sequence_loss,
 )
+from phalanx.buffers import StepLayout
 from phalanx.cli import main as cli_main
 from phalanx.envs import make_env, register_env
 from phalanx.envs.core import BatchedVecEnv
@@ -101,14 +102,8 @@ def build(cell="lstm", env="CartPoleNoVel-v1", num_envs=4, **overrides):
     algorithm = RecurrentPPO(hyperparameters, vec.single_observation_space, vec.single_action_space, "cpu")
     worker = Worker(vec, algorithm)
     worker.reset(seed=0)
-    buffer = algorithm.rollout_buffer(
-        hyperparameters.horizon,
-        num_envs,
-        vec.single_observation_space.shape,
-        vec.single_action_space.shape,
-        torch.int64 if isinstance(vec.single_action_space, gym.spaces.Discrete) else torch.float32,
-        "cpu",
-    )
+    layout = StepLayout.of(vec.single_observation_space, vec.single_action_space)
+    buffer = algorithm.rollout_buffer(hyperparameters.horizon, num_envs, layout, "cpu")
     return algorithm, worker, buffer
 
 

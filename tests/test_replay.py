@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.buffers import ReplayBuffer
+from phalanx.buffers import ReplayBuffer, StepLayout
 from phalanx.errors import ConfigError
 
 
@@ -41,11 +41,13 @@ def reference_target(history, t, env, gamma, n_step):
     raise AssertionError
 
 
+LAYOUT = StepLayout((2,), torch.float32, (), torch.int64)
+"""Observations of 2 float32, discrete actions."""
+
+
 @pytest.mark.parametrize("n_step", [1, 3])
 def test_sampled_targets_match_a_reference(n_step):
-    buffer = ReplayBuffer(
-        capacity=40, num_envs=4, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, device="cpu"
-    )
+    buffer = ReplayBuffer(capacity=40, num_envs=4, layout=LAYOUT, device="cpu")
     history = fill(buffer, steps=25)  # 10 slots per env: the ring has wrapped
     assert len(buffer) == 40
     torch.manual_seed(0)
@@ -62,13 +64,9 @@ def test_sampled_targets_match_a_reference(n_step):
 
 
 def test_state_dict_round_trip_continues_identically():
-    a = ReplayBuffer(
-        capacity=24, num_envs=3, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, device="cpu"
-    )
+    a = ReplayBuffer(capacity=24, num_envs=3, layout=LAYOUT, device="cpu")
     fill(a, steps=11)
-    b = ReplayBuffer(
-        capacity=24, num_envs=3, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, device="cpu"
-    )
+    b = ReplayBuffer(capacity=24, num_envs=3, layout=LAYOUT, device="cpu")
     b.load_state_dict(a.state_dict())
     torch.manual_seed(1)
     x = a.sample(32, gamma=0.99, n_step=2)
@@ -84,8 +82,6 @@ def test_buffer_that_cannot_fit_is_refused_before_allocating():
         ReplayBuffer(
             capacity=10**12,
             num_envs=1,
-            obs_shape=(100,),
-            action_shape=(6,),
-            action_dtype=torch.float32,
+            layout=StepLayout((100,), torch.float32, (6,), torch.float32),
             device="cpu",
         )

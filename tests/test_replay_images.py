@@ -15,7 +15,8 @@ from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
-    make_replay_buffer,
+    StepLayout,
+    replay_choice,
     storage_dtype,
 )
 from phalanx.config import make_config
@@ -40,9 +41,11 @@ def test_storage_dtype_keeps_the_space_dtype_and_flattens_dicts_to_float32():
 
 
 def test_rollout_buffer_stores_uint8_and_loads_an_old_float32_state():
-    buffer = RolloutBuffer(4, 2, (1, 6, 6), (), torch.int64, "cpu", obs_dtype=torch.uint8)
+    uint8 = StepLayout((1, 6, 6), torch.uint8, (), torch.int64)
+    buffer = RolloutBuffer(4, 2, uint8, "cpu")
     assert buffer.obs.dtype == buffer.next_obs.dtype == torch.uint8
-    assert buffer.nbytes < RolloutBuffer(4, 2, (1, 6, 6), (), torch.int64, "cpu").nbytes / 3
+    float32 = StepLayout((1, 6, 6), torch.float32, (), torch.int64)
+    assert buffer.nbytes < RolloutBuffer(4, 2, float32, "cpu").nbytes / 3
     frames = torch.randint(256, (2, 1, 6, 6), dtype=torch.uint8)
     flags = torch.zeros(2, dtype=torch.bool)
     buffer.add(0, frames, torch.ones(2, dtype=torch.int64), *torch.zeros(3, 2), flags, flags, frames)
@@ -51,7 +54,7 @@ def test_rollout_buffer_stores_uint8_and_loads_an_old_float32_state():
         name: tensor.float() if name in buffer.OBS_FIELDS else tensor
         for name, tensor in buffer.state_dict().items()
     }
-    restored = RolloutBuffer(4, 2, (1, 6, 6), (), torch.int64, "cpu", obs_dtype=torch.uint8)
+    restored = RolloutBuffer(4, 2, uint8, "cpu")
     restored.load_state_dict(old)  # a float32 checkpoint of the same observations
     assert restored.obs.dtype == torch.uint8 and torch.equal(restored.obs, buffer.obs)
     old["rewards"] = old["rewards"].double()
@@ -60,7 +63,8 @@ def test_rollout_buffer_stores_uint8_and_loads_an_old_float32_state():
 
 
 def test_replay_buffer_stores_the_observation_dtype_and_loads_float32_states():
-    plain = ReplayBuffer(8, 2, (3,), (), torch.int64, "cpu", obs_dtype=torch.int16)
+    int16 = StepLayout((3,), torch.int16, (), torch.int64)
+    plain = ReplayBuffer(8, 2, int16, "cpu")
     obs = torch.tensor([[1, -2, 300], [4, 5, 6]], dtype=torch.int16)
     plain.add(
         obs, torch.zeros(2, dtype=torch.int64), torch.ones(2), obs + 1, *torch.zeros(2, 2, dtype=torch.bool)
@@ -68,7 +72,7 @@ def test_replay_buffer_stores_the_observation_dtype_and_loads_float32_states():
     assert plain.obs.dtype == plain.next_obs.dtype == torch.int16
     state = plain.state_dict()
     state["obs"], state["next_obs"] = state["obs"].float(), state["next_obs"].float()
-    restored = ReplayBuffer(8, 2, (3,), (), torch.int64, "cpu", obs_dtype=torch.int16)
+    restored = ReplayBuffer(8, 2, int16, "cpu")
     restored.load_state_dict(state)
     assert torch.equal(restored.obs[0], obs) and restored.obs.dtype == torch.int16
 
@@ -127,8 +131,9 @@ class StackedFrames:
 
 def filled_pair(k: int, capacity: int, steps: int, seed: int = 0, **trajectories) -> tuple:
     obs_shape = (k, 5, 5) if k > 1 else (5, 5)
-    plain = ReplayBuffer(capacity, 4, obs_shape, (), torch.int64, "cpu", obs_dtype=torch.uint8)
-    compact = CompactReplayBuffer(capacity, 4, obs_shape, (), torch.int64, "cpu", torch.uint8, k)
+    layout = StepLayout(obs_shape, torch.uint8, (), torch.int64)
+    plain = ReplayBuffer(capacity, 4, layout, "cpu")
+    compact = CompactReplayBuffer(capacity, 4, layout, "cpu", k)
     source = StackedFrames(4, max(k, 1), seed, **trajectories)
     history = []
     for _ in range(steps):
@@ -185,9 +190,13 @@ def test_compact_replay_drops_only_overwritten_transitions_and_the_rest_stay_exa
         assert_transitions_added(compact.sample(16, gamma=0.9), history, len(compact))
 
 
+STACKS = StepLayout((4, 5, 5), torch.uint8, (), torch.int64)
+"""Stacks of 4 uint8 frames of 5 x 5, discrete actions."""
+
+
 def test_compact_replay_state_round_trip_continues_identically():
     plain, compact, _ = filled_pair(4, capacity=160, steps=40, seed=5, end=0.012, odd=0.004)
-    restored = CompactReplayBuffer(160, 4, (4, 5, 5), (), torch.int64, "cpu", torch.uint8, 4)
+    restored = CompactReplayBuffer(160, 4, STACKS, "cpu", 4)
     restored.load_state_dict(compact.state_dict())
     source = StackedFrames(4, 4, seed=6, end=0.012, odd=0.004)
     for _ in range(10):  # all three go on from there (and wrap)
@@ -198,22 +207,21 @@ def test_compact_replay_state_round_trip_continues_identically():
     assert_same_batches(plain, restored, 2, seed=0)
     assert_same_batches(compact, restored, 2, seed=1)
     with pytest.raises(CheckpointError, match="stacked_frames = 4"):
-        CompactReplayBuffer(160, 4, (4, 5, 5), (), torch.int64, "cpu", torch.uint8, 1).load_state_dict(
-            compact.state_dict()
-        )
+        CompactReplayBuffer(160, 4, STACKS, "cpu", 1).load_state_dict(compact.state_dict())
     with pytest.raises(CheckpointError, match="another kind of replay buffer"):
         restored.load_state_dict(plain.state_dict())
 
 
-def test_make_replay_buffer_picks_the_compact_replay_for_images_and_refuses_bad_stacks():
+def test_replay_choice_picks_the_compact_replay_for_images_and_refuses_bad_stacks():
     image = gym.spaces.Box(0, 255, (4, 12, 12), np.uint8)
     vector = gym.spaces.Box(-1, 1, (6,), np.float32)
-    assert isinstance(make_replay_buffer(64, 2, image, (), torch.int64, "cpu", 4), CompactReplayBuffer)
-    assert type(make_replay_buffer(64, 2, vector, (), torch.int64, "cpu")) is ReplayBuffer
+    actions = gym.spaces.Discrete(3)
+    assert isinstance(replay_choice(64, 2, image, actions, "cpu", 4).build(), CompactReplayBuffer)
+    assert type(replay_choice(64, 2, vector, actions, "cpu").build()) is ReplayBuffer
     with pytest.raises(ConfigError, match=r"needs observations of shape \(3, \.\.\.\).*\(4, 12, 12\)"):
-        make_replay_buffer(64, 2, image, (), torch.int64, "cpu", 3)
+        replay_choice(64, 2, image, actions, "cpu", 3).build()
     with pytest.raises(ConfigError, match="not an image space"):
-        make_replay_buffer(64, 2, vector, (), torch.int64, "cpu", 4)
+        replay_choice(64, 2, vector, actions, "cpu", 4)
 
 
 # -- memory ----------------------------------------------------------------------------------------------
@@ -222,10 +230,11 @@ def test_bytes_per_atari_transition_follow_from_the_shapes():
     capacity, num_envs, atari, device = 1_000_000, 8, (4, 84, 84), "meta"
     frame = 84 * 84
     side = 8 + 4 + 1 + 1  # int64 action, float32 reward, terminated, truncated
-    float32 = ReplayBuffer(capacity, num_envs, atari, (), torch.int64, device)
-    uint8 = ReplayBuffer(capacity, num_envs, atari, (), torch.int64, device, obs_dtype=torch.uint8)
-    lean = CompactReplayBuffer(capacity, num_envs, atari, (), torch.int64, device, torch.uint8, 1)
-    shared = CompactReplayBuffer(capacity, num_envs, atari, (), torch.int64, device, torch.uint8, 4)
+    float32 = ReplayBuffer(capacity, num_envs, StepLayout(atari, torch.float32, (), torch.int64), device)
+    frames = StepLayout(atari, torch.uint8, (), torch.int64)
+    uint8 = ReplayBuffer(capacity, num_envs, frames, device)
+    lean = CompactReplayBuffer(capacity, num_envs, frames, device, 1)
+    shared = CompactReplayBuffer(capacity, num_envs, frames, device, 4)
     assert float32.nbytes == capacity * (2 * 4 * 4 * frame + side)
     assert uint8.nbytes == capacity * (2 * 4 * frame + side)
     slots = capacity // num_envs
@@ -233,7 +242,7 @@ def test_bytes_per_atari_transition_follow_from_the_shapes():
     serials_heads_lasts = capacity * 16 + num_envs * (8 + 4 * frame)
     assert lean.nbytes == rows(1) * 4 * frame + capacity * side + serials_heads_lasts
     assert shared.nbytes == rows(4) * frame + capacity * side + serials_heads_lasts
-    needed = CompactReplayBuffer.bytes_needed(slots, num_envs, atari, (), torch.int64, torch.uint8, 4)
+    needed = CompactReplayBuffer.bytes_needed(slots, num_envs, frames, 4)
     assert shared.nbytes == needed
     per_transition = {buffer: buffer.nbytes / capacity for buffer in (float32, uint8, lean, shared)}
     assert per_transition[float32] / per_transition[uint8] == pytest.approx(4, rel=0.01)

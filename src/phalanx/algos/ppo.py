@@ -35,7 +35,7 @@ from torch import nn
 
 from phalanx.algos.actor_critic_config import A2CConfig, ActorCriticConfig, PPOConfig
 from phalanx.algos.base import ActingModule, Algorithm, GradientGroup
-from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
     CategoricalPolicy,
@@ -469,10 +469,12 @@ class PPO(Algorithm):
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
 
-    def rollout_buffer(self, horizon: int, num_envs: int, *args: Any, **kwargs: Any) -> RolloutBuffer:
-        """The rollout buffer this algorithm learns from: ``RolloutBuffer(horizon, num_envs, *args,
-        **kwargs)`` (a recurrent policy's also stores its memory)."""
-        return RolloutBuffer(horizon, num_envs, *args, **kwargs)
+    def rollout_buffer(
+        self, horizon: int, num_envs: int, layout: StepLayout, device: str | torch.device
+    ) -> RolloutBuffer:
+        """The rollout buffer this algorithm learns from: a :class:`~phalanx.buffers.RolloutBuffer` (a
+        recurrent policy's also stores its memory)."""
+        return RolloutBuffer(horizon, num_envs, layout, device)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()

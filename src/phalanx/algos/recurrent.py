@@ -60,7 +60,7 @@ from phalanx.algos.ppo import (
     ppo_update,
     update_settings,
 )
-from phalanx.buffers import RolloutBuffer, compute_gae
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
     CategoricalPolicy,
@@ -287,9 +287,9 @@ class RecurrentPPO(PPO):
         return torch.zeros(batch, *self.memory_shape, device=self.device)
 
     def rollout_buffer(
-        self, horizon: int, num_envs: int, *args: Any, **kwargs: Any
+        self, horizon: int, num_envs: int, layout: StepLayout, device: str | torch.device
     ) -> RecurrentRolloutBuffer:
-        return RecurrentRolloutBuffer(horizon, num_envs, *args, memory_shape=self.memory_shape, **kwargs)
+        return RecurrentRolloutBuffer(horizon, num_envs, layout, device, memory_shape=self.memory_shape)
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()

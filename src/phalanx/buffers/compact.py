@@ -6,11 +6,11 @@ capacity would (the same :class:`ReplayRing`, the same random draws) in a fracti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.buffers.replay import ReplayBatch, ReplayRing
 from phalanx.errors import CheckpointError, ConfigError
@@ -62,17 +62,9 @@ class CompactReplayBuffer(ReplayRing):
     )
 
     def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.uint8,
-        stacked_frames: int = 1,
+        self, capacity: int, num_envs: int, layout: StepLayout, device: Device, stacked_frames: int = 1
     ) -> None:
-        super().__init__(capacity, num_envs, obs_shape, action_shape, device, obs_dtype)
+        super().__init__(capacity, num_envs, layout, device)
         if stacked_frames < 1 or (stacked_frames > 1 and self.obs_shape[:1] != (stacked_frames,)):
             raise ConfigError(
                 f"CompactReplayBuffer: stacked_frames = {stacked_frames} needs observations of shape "
@@ -82,11 +74,8 @@ class CompactReplayBuffer(ReplayRing):
         self.stacked_frames = stacked_frames
         self.frame_shape = self.obs_shape[1:] if stacked_frames > 1 else self.obs_shape
         self.rows = self.rows_per_env(self.slots, stacked_frames)
-        check_memory(
-            self.memory(
-                capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype, stacked_frames
-            )
-        )
+        check_memory(self.memory(capacity, num_envs, layout, device, stacked_frames))
+        obs_dtype = self.obs_dtype
         shape = (self.slots, num_envs)
         # the row after the last is written with what a step leaves out (writes stay one op per step)
         self.frames = torch.zeros(
@@ -94,7 +83,7 @@ class CompactReplayBuffer(ReplayRing):
         )
         self.obs_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self.next_serial = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self.allocate_steps(action_dtype)
+        self.allocate_steps()
         self.head = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
         """Per sub-env, the serial of the last row written (-1: none yet)."""
         self.last = torch.zeros(
@@ -122,59 +111,33 @@ class CompactReplayBuffer(ReplayRing):
         return slots + slots // 8 + 2 * stacked_frames
 
     @classmethod
-    def bytes_needed(
-        cls,
-        slots: int,
-        num_envs: int,
-        obs_shape: tuple,
-        action_shape: tuple,
-        action_dtype: torch.dtype,
-        obs_dtype: torch.dtype,
-        stacked_frames: int,
-    ) -> int:
-        frame = obs_dtype.itemsize * math.prod(obs_shape) // stacked_frames
+    def bytes_needed(cls, slots: int, num_envs: int, layout: StepLayout, stacked_frames: int) -> int:
+        frame = layout.obs_dtype.itemsize * math.prod(layout.obs_shape) // stacked_frames
         rows = cls.rows_per_env(slots, stacked_frames) + 1  # and the spare row
-        per_transition = 2 * 8 + transition_bytes(action_shape, action_dtype)  # two int64 serials
+        per_transition = 2 * 8 + transition_bytes(layout.action_shape, layout.action_dtype)  # 2 int64 serials
         # and per sub-env the int64 head and the last observation
         return num_envs * (rows * frame + slots * per_transition + 8 + stacked_frames * frame)
 
     @classmethod
     def memory(
-        cls,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.uint8,
-        stacked_frames: int = 1,
+        cls, capacity: int, num_envs: int, layout: StepLayout, device: Device, stacked_frames: int = 1
     ) -> ReplayMemory:
         """What a buffer built with these arguments takes, without allocating it."""
         slots = max(capacity // num_envs, 1)
-        obs_shape, action_shape = tuple(obs_shape), tuple(action_shape)
-        needed = cls.bytes_needed(
-            slots, num_envs, obs_shape, action_shape, action_dtype, obs_dtype, stacked_frames
-        )
+        needed = cls.bytes_needed(slots, num_envs, layout, stacked_frames)
         return ReplayMemory(
-            needed, slots * num_envs, replay_layout(obs_shape, action_shape), torch.device(device)
+            needed,
+            slots * num_envs,
+            replay_layout(layout.obs_shape, layout.action_shape),
+            torch.device(device),
         )
 
     def __len__(self) -> int:
         self.drop_overwritten()
         return super().__len__()
 
-    def add(
-        self,
-        obs: Tensor,
-        actions: Tensor,
-        rewards: Tensor,
-        next_obs: Tensor,
-        terminated: Tensor,
-        truncated: Tensor,
-    ) -> None:
-        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
-        synchronisation)."""
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
+        """Write the frames of ``obs`` and ``next_obs`` the rows do not hold yet, and their serials."""
         stacks = (self.num_envs, self.stacked_frames, -1)
         obs_words = self.words(obs.to(self.obs_dtype)).view(stacks)  # (N, k, W)
         next_words = self.words(next_obs.to(self.obs_dtype)).view(stacks)
@@ -187,7 +150,6 @@ class CompactReplayBuffer(ReplayRing):
         self.last_words.copy_(next_words)
         self.obs_serial[self.position] = obs_serial
         self.next_serial[self.position] = next_serial
-        self.store_step(actions, rewards, terminated, truncated)
         self.margin -= 2 * self.stacked_frames
 
     def words(self, tensor: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.buffers.memory import ReplayMemory, check_memory, replay_layout, transition_bytes
 from phalanx.errors import CheckpointError
 
@@ -120,34 +121,26 @@ def load_fields(buffer: Any, state: dict[str, Any], fields: Sequence[str], owner
 
 
 class ReplayRing:
-    """What both replay buffers share: a time-major ring of ``slots`` steps of ``num_envs`` sub-envs, its
-    actions, rewards and episode flags, the n-step sampling and the checkpoint state. A subclass says how
-    it stores observations (:meth:`stored_obs`, :meth:`stored_next_obs`) and lists its tensors in
-    ``FIELDS``."""
+    """What both replay buffers share: a time-major ring of ``slots`` steps of ``num_envs`` sub-envs, each
+    step stored as a :class:`StepLayout` says, its actions, rewards and episode flags, adding a step, the
+    n-step sampling and the checkpoint state. A subclass says how it stores observations
+    (:meth:`store_obs`, :meth:`stored_obs`, :meth:`stored_next_obs`) and lists its tensors in ``FIELDS``."""
 
     FIELDS: ClassVar[tuple[str, ...]]
 
-    def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        device: str | torch.device,
-        obs_dtype: torch.dtype,
-    ) -> None:
+    def __init__(self, capacity: int, num_envs: int, layout: StepLayout, device: Device) -> None:
         self.device = torch.device(device)
         self.num_envs = num_envs
         self.slots = max(capacity // num_envs, 1)
         self.capacity = self.slots * num_envs
-        self.obs_shape = tuple(obs_shape)
-        self.action_shape = tuple(action_shape)
-        self.obs_dtype = obs_dtype
+        self.layout = layout
+        self.obs_shape, self.obs_dtype = layout.obs_shape, layout.obs_dtype
+        self.action_shape, self.action_dtype = layout.action_shape, layout.action_dtype
 
-    def allocate_steps(self, action_dtype: torch.dtype) -> None:
+    def allocate_steps(self) -> None:
         """The ``(slots, N, ...)`` actions, rewards and episode flags, and an empty ring."""
         shape = (self.slots, self.num_envs)
-        self.actions = torch.zeros(*shape, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.actions = torch.zeros(*shape, *self.action_shape, dtype=self.action_dtype, device=self.device)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
@@ -161,6 +154,24 @@ class ReplayRing:
 
     def __len__(self) -> int:
         return self.filled * self.num_envs
+
+    def add(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        rewards: Tensor,
+        next_obs: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> None:
+        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension (no host
+        synchronisation)."""
+        self.store_obs(obs, next_obs)
+        self.store_step(actions, rewards, terminated, truncated)
+
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
+        """Write a step's ``obs`` and ``next_obs`` ``(N, *obs_shape)`` for the slot written next."""
+        raise NotImplementedError
 
     def store_step(self, actions: Tensor, rewards: Tensor, terminated: Tensor, truncated: Tensor) -> None:
         """Write a step's actions, rewards and flags to the slot written next, and move on to the next."""
@@ -214,75 +225,43 @@ class ReplayBuffer(ReplayRing):
     apart from ``truncated``: a TD target bootstraps through a time limit, never through a terminal
     state. Sampling draws indices with ``torch.randint`` on the device: no host round trip.
 
-    Observations are stored in ``obs_dtype`` (uint8 images stay uint8). For images,
-    :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once instead of twice
-    (or 8 times); :func:`make_replay_buffer` chooses.
+    Each step is stored as ``layout`` says: observations in its ``obs_dtype`` (uint8 images stay uint8).
+    For images, :class:`CompactReplayBuffer` stores each observation (or each frame of a stack) once
+    instead of twice (or 8 times); :func:`replay_choice` chooses.
     """
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated")
 
     def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.float32,
-        members: int = 1,
+        self, capacity: int, num_envs: int, layout: StepLayout, device: Device, members: int = 1
     ) -> None:
         """``members``: the buffer holds a population's members' transitions together (the memory
         check's error then says to use fewer members)."""
-        super().__init__(capacity, num_envs, obs_shape, action_shape, device, obs_dtype)
-        check_memory(
-            self.memory(capacity, num_envs, obs_shape, action_shape, action_dtype, device, obs_dtype), members
+        super().__init__(capacity, num_envs, layout, device)
+        check_memory(self.memory(capacity, num_envs, layout, device), members)
+        self.obs = torch.zeros(
+            self.slots, num_envs, *self.obs_shape, dtype=self.obs_dtype, device=self.device
         )
-        self.obs = torch.zeros(self.slots, num_envs, *self.obs_shape, dtype=obs_dtype, device=self.device)
         self.next_obs = torch.zeros_like(self.obs)
-        self.allocate_steps(action_dtype)
+        self.allocate_steps()
 
     @staticmethod
-    def bytes_needed(
-        capacity: int,
-        obs_shape: tuple,
-        action_shape: tuple,
-        action_dtype: torch.dtype,
-        obs_dtype: torch.dtype = torch.float32,
-    ) -> int:
-        obs = obs_dtype.itemsize * math.prod(obs_shape)
-        return capacity * (2 * obs + transition_bytes(action_shape, action_dtype))
+    def bytes_needed(capacity: int, layout: StepLayout) -> int:
+        obs = layout.obs_dtype.itemsize * math.prod(layout.obs_shape)
+        return capacity * (2 * obs + transition_bytes(layout.action_shape, layout.action_dtype))
 
     @classmethod
-    def memory(
-        cls,
-        capacity: int,
-        num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.float32,
-    ) -> ReplayMemory:
+    def memory(cls, capacity: int, num_envs: int, layout: StepLayout, device: Device) -> ReplayMemory:
         """What a buffer built with these arguments takes, without allocating it."""
         capacity = max(capacity // num_envs, 1) * num_envs
-        obs_shape, action_shape = tuple(obs_shape), tuple(action_shape)
-        needed = cls.bytes_needed(capacity, obs_shape, action_shape, action_dtype, obs_dtype)
-        return ReplayMemory(needed, capacity, replay_layout(obs_shape, action_shape), torch.device(device))
+        needed = cls.bytes_needed(capacity, layout)
+        return ReplayMemory(
+            needed, capacity, replay_layout(layout.obs_shape, layout.action_shape), torch.device(device)
+        )
 
-    def add(
-        self,
-        obs: Tensor,
-        actions: Tensor,
-        rewards: Tensor,
-        next_obs: Tensor,
-        terminated: Tensor,
-        truncated: Tensor,
-    ) -> None:
-        """Store one step of every sub-env: each argument has a leading ``num_envs`` dimension."""
+    def store_obs(self, obs: Tensor, next_obs: Tensor) -> None:
         self.obs[self.position].copy_(obs)
         self.next_obs[self.position].copy_(next_obs)
-        self.store_step(actions, rewards, terminated, truncated)
 
     def stored_obs(self, slots: Tensor, envs: Tensor) -> Tensor:
         return self.obs[slots, envs]

@@ -8,24 +8,26 @@ with no host synchronisation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from phalanx.buffers.layout import Device, StepLayout
 from phalanx.errors import CheckpointError
 
 Tensor = torch.Tensor
 
 
 class RolloutBuffer:
-    """One on-policy rollout: ``horizon`` T steps of ``num_envs`` N environments.
+    """One on-policy rollout: ``horizon`` T steps of ``num_envs`` N environments, each step stored as
+    ``layout`` says.
 
     Fields (all preallocated on ``device``):
 
-    - ``obs`` ``(T, N, *obs_shape)`` ``obs_dtype`` (float32 by default; uint8 images stay uint8): the
-      observation each action was taken from.
-    - ``actions`` ``(T, N, *action_shape)``: int64 for discrete actions, float32 for continuous.
+    - ``obs`` ``(T, N, *obs_shape)`` ``obs_dtype`` (uint8 images stay uint8): the observation each action
+      was taken from.
+    - ``actions`` ``(T, N, *action_shape)`` ``action_dtype``: int64 for discrete actions, float32 for
+      continuous.
     - ``log_probs``, ``values``, ``rewards`` ``(T, N)`` float32.
     - ``terminated`` ``(T, N)`` bool: the episode reached a terminal state (no bootstrap).
     - ``dones`` ``(T, N)`` bool: ``terminated | truncated`` (the episode ended, either way).
@@ -40,24 +42,20 @@ class RolloutBuffer:
         self,
         horizon: int,
         num_envs: int,
-        obs_shape: Sequence[int],
-        action_shape: Sequence[int],
-        action_dtype: torch.dtype,
-        device: str | torch.device,
-        obs_dtype: torch.dtype = torch.float32,
+        layout: StepLayout,
+        device: Device,
     ) -> None:
         self.horizon = horizon
         self.num_envs = num_envs
-        self.obs_shape = tuple(obs_shape)
-        self.action_shape = tuple(action_shape)
-        self.action_dtype = action_dtype
-        self.obs_dtype = obs_dtype
+        self.layout = layout
+        self.obs_shape, self.obs_dtype = layout.obs_shape, layout.obs_dtype
+        self.action_shape, self.action_dtype = layout.action_shape, layout.action_dtype
         self.device = torch.device(device)
         steps = (horizon, num_envs)
         float32 = dict(dtype=torch.float32, device=self.device)
         # (T, N, *obs_shape)
-        self.obs = torch.zeros(*steps, *self.obs_shape, dtype=obs_dtype, device=self.device)
-        self.actions = torch.zeros(*steps, *self.action_shape, dtype=action_dtype, device=self.device)
+        self.obs = torch.zeros(*steps, *self.obs_shape, dtype=self.obs_dtype, device=self.device)
+        self.actions = torch.zeros(*steps, *self.action_shape, dtype=self.action_dtype, device=self.device)
         self.log_probs = torch.zeros(*steps, **float32)  # (T, N)
         self.values = torch.zeros(*steps, **float32)  # (T, N)
         self.rewards = torch.zeros(*steps, **float32)  # (T, N)
@@ -147,9 +145,8 @@ class RolloutBuffer:
 
     def __repr__(self) -> str:
         return (
-            f"RolloutBuffer(horizon={self.horizon}, num_envs={self.num_envs}, obs_shape={self.obs_shape}, "
-            f"action_shape={self.action_shape}, action_dtype={self.action_dtype}, "
-            f"obs_dtype={self.obs_dtype}, device={self.device})"
+            f"RolloutBuffer(horizon={self.horizon}, num_envs={self.num_envs}, layout={self.layout}, "
+            f"device={self.device})"
         )
 
 

@@ -29,7 +29,7 @@ from phalanx.algos.ppo import (
     ppo_update,
     update_settings,
 )
-from phalanx.buffers import RolloutBuffer, compute_gae, compute_gae_scan, storage_dtype
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -124,15 +124,8 @@ class VectorizedPPO(VectorizedPopulation):
         self.optimizer = VectorizedAdam(self.parameters, self.gradients, eps=1e-5)
         self.gradient_step: GradientStep | None = None  # compiled (compile()); None: the eager step
         self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
-        self.buffer = RolloutBuffer(
-            hp.horizon,
-            self.num_members * self.num_envs,
-            self.observation_space.shape,
-            () if self.discrete else self.action_space.shape,
-            torch.int64 if self.discrete else torch.float32,
-            self.device,
-            storage_dtype(self.observation_space),
-        )
+        layout = StepLayout.of(self.observation_space, self.action_space)
+        self.buffer = RolloutBuffer(hp.horizon, self.num_members * self.num_envs, layout, self.device)
         self.lr_factor = 1.0  # anneal_lr: the factor of the last update
 
     def _refresh_flags(self) -> None:

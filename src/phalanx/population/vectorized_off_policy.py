@@ -49,7 +49,7 @@ from phalanx.algos.ddpg import (
 )
 from phalanx.algos.sac import SAC, SquashedGaussianActor
 from phalanx.algos.td3 import TD3
-from phalanx.buffers import ReplayBatch, ReplayBuffer, storage_dtype
+from phalanx.buffers import ReplayBatch, ReplayBuffer, StepLayout
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -248,11 +248,8 @@ class VectorizedOffPolicy(VectorizedPopulation):
         self.buffer = ReplayBuffer(
             self.config.hyperparameters.buffer_size * self.num_members,
             self.num_members * self.num_envs,
-            self.observation_space.shape,
-            self.action_space.shape,
-            torch.float32,
+            StepLayout.of(self.observation_space, self.action_space),
             self.device,
-            storage_dtype(self.observation_space),
             members=self.num_members,
         )
         self.updates_owed = 0.0

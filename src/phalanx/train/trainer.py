@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from phalanx.algos.base import Algorithm
@@ -20,9 +19,8 @@ from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
-    make_replay_buffer,
-    replay_memory,
-    storage_dtype,
+    StepLayout,
+    replay_choice,
 )
 from phalanx.buffers.memory import ReplayMemory
 from phalanx.compiling import should_compile
@@ -30,7 +28,6 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
-from phalanx.nets import observation_shape
 from phalanx.registry import algorithm_class, get_algorithm
 from phalanx.train.checkpoint import CheckpointManager
 from phalanx.train.collection import Agreement, Collection, GroupAgreement, choose_collection
@@ -55,12 +52,6 @@ from phalanx.train.state import RunState
 from phalanx.train.tracking import WandbTracker, start_tracking
 from phalanx.train.videos import GymnasiumEpisode, Videos
 from phalanx.train.worker import Worker
-
-
-def action_storage(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
-    """How a buffer stores actions of ``action_space``: their shape, and int64 (discrete) or float32."""
-    integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
-    return action_space.shape, torch.int64 if integer_actions else torch.float32
 
 
 class Trainer:
@@ -231,29 +222,20 @@ class Trainer:
     def make_buffer(self) -> RolloutBuffer | ReplayBuffer | CompactReplayBuffer:
         """The rollout or replay buffer the hyperparameters ask for, observations in the env's dtype (uint8
         images stay uint8); the replay of image observations stores each one once
-        (:func:`~phalanx.buffers.make_replay_buffer`)."""
+        (:func:`~phalanx.buffers.replay_choice`)."""
         config, hp = self.config, self.config.hyperparameters
-        observation_space = self.env.single_observation_space
-        action_shape, action_dtype = action_storage(self.env.single_action_space)
+        observation_space, action_space = self.env.single_observation_space, self.env.single_action_space
         if self.algorithm.on_policy:
-            return self.algorithm.rollout_buffer(
-                hp.horizon,
-                config.num_envs,
-                observation_shape(observation_space),  # a Dict's: its flat vector
-                action_shape,
-                action_dtype,
-                self.device,
-                storage_dtype(observation_space),
-            )
-        return make_replay_buffer(
+            layout = StepLayout.of(observation_space, action_space)  # a Dict's observations: flat vectors
+            return self.algorithm.rollout_buffer(hp.horizon, config.num_envs, layout, self.device)
+        return replay_choice(
             hp.buffer_size,
             config.num_envs,
             observation_space,
-            action_shape,
-            action_dtype,
+            action_space,
             self.device,
             hp.replay_stacked_frames,
-        )
+        ).build()
 
     @classmethod
     def replay_memory(cls, config: TrainConfig) -> ReplayMemory | None:
@@ -268,14 +250,14 @@ class Trainer:
         finally:
             env.close()
         hp = config.hyperparameters
-        return replay_memory(
+        return replay_choice(
             hp.buffer_size,
             config.num_envs,
             observation_space,
-            *action_storage(action_space),
+            action_space,
             as_device(config.device),
             hp.replay_stacked_frames,
-        )
+        ).memory()
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
