@@ -10,8 +10,7 @@ own schedule; every hook keeps the one rule of :mod:`phalanx.train.run`. See doc
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -70,7 +69,7 @@ class BuiltIn(Hook):
 class StopAtReturn(Hook):
     """Early stop: the run ends once an evaluation reaches ``stop_return`` (learner 0's evaluations)."""
 
-    def __init__(self, reached: Any) -> None:
+    def __init__(self, reached: Callable[[], bool]) -> None:
         self.reached = reached  # the evaluations' check, which notes the time it took
 
     def after_iteration(self, trainer: Run) -> None:
@@ -96,7 +95,7 @@ class Logging(BuiltIn):
     """A row of metrics.csv every ``log_every`` env steps (learner 0; the others keep the schedule):
     the rates since the last row, the training episodes, the learner's last metrics, the hooks' numbers.
     The end of a ``train`` (its budget spent, a stop, Ctrl+C) writes the row of the steps made since the
-    last row (:meth:`finish`), so that the last row is the run's last step."""
+    last row (:meth:`on_finish`), so that the last row is the run's last step."""
 
     name = "logging"
 
@@ -105,9 +104,8 @@ class Logging(BuiltIn):
         self.last = (0.0, 0, 0)
 
     def restart(self, trainer: Run, steps: int) -> None:
-        trainer.state.schedules[self.name] = Schedule(
-            self.every, next=steps
-        )  # a row after the next iteration
+        """A row after the next iteration, then every ``every`` env steps."""
+        trainer.state.schedules[self.name] = Schedule(self.every, next=steps)
 
     def on_start(self, trainer: Run) -> None:
         """The rates of the next row are those since training (re)starts now."""
