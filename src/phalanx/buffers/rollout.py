@@ -8,6 +8,7 @@ with no host synchronisation.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -158,6 +159,7 @@ def compute_gae(
     dones: Tensor,
     gamma: float,
     gae_lambda: float,
+    scan: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation; returns ``(advantages, returns)``, both ``(T, N)``.
 
@@ -176,65 +178,12 @@ def compute_gae(
 
     Where a step did not end an episode, ``next_values[t]`` equals ``values[t + 1]``; a caller may
     compute V only for the final observations and the last step, and fill the rest from ``values``.
+
+    ``scan``: solve the recursion in ~4 log2(T) ops rather than the loop's ~5 T (:func:`_scan`), for the
+    compiled update, whose speed the T small ops of the loop bound; equal within float rounding (the
+    sums are added in another order). Where the loop's ops are large already (more than
+    ``SCAN_MAX_ENVS`` sub-envs on a CPU) the loop runs instead.
     """
-    deltas, continues = _gae_terms(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
-    horizon = values.shape[0]
-    advantages = torch.empty_like(values)  # (T, N)
-    next_advantage = torch.zeros_like(values[0])  # (N,)
-    for t in reversed(range(horizon)):
-        next_advantage = deltas[t] + continues[t] * next_advantage
-        advantages[t] = next_advantage
-    return advantages, advantages + values
-
-
-def compute_gae_scan(
-    rewards: Tensor,
-    values: Tensor,
-    next_values: Tensor,
-    terminated: Tensor,
-    dones: Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[Tensor, Tensor]:
-    """:func:`compute_gae` in ~4 log2(T) ops rather than ~5 T: equal within float rounding (the sums are
-    added in another order), for the compiled update, whose speed the T small ops of the loop bound.
-
-    The recursion ``A_t = delta_t + c_t A_{t+1}`` is a linear scan; recursive doubling solves it: after
-    pass k, ``A_t`` holds the sum over the next 2^k steps and ``C_t`` the product of their factors, and one
-    pass combines each step with the one 2^k ahead. Each pass touches all T x N values, so where the
-    loop's ops are large already (more than ``SCAN_MAX_ENVS`` sub-envs on a CPU) the loop runs instead.
-    """
-    if values.device.type == "cpu" and values[0].numel() > SCAN_MAX_ENVS:
-        return compute_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
-    deltas, continues = _gae_terms(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
-    horizon = values.shape[0]
-    advantages, factors, shift = deltas, continues, 1
-    while shift < horizon:
-        ahead = torch.addcmul(advantages[:-shift], factors[:-shift], advantages[shift:])
-        advantages = torch.cat((ahead, advantages[-shift:]))
-        if 2 * shift < horizon:  # the last pass needs no products
-            factors = torch.cat((factors[:-shift] * factors[shift:], factors[-shift:]))
-        shift *= 2
-    return advantages, advantages + values
-
-
-SCAN_MAX_ENVS = 1024
-"""Above this many sub-envs on a CPU, :func:`compute_gae_scan` runs the loop: each of its T ops is then
-large enough that its overhead no longer dominates, and the scan's log2(T) passes over all T x N values
-cost more (measured: 4 envs x 128 steps 1.9 ms -> 0.15 ms, 1024 x 32 0.54 -> 0.43 ms, 4096 x 16 0.43 ->
-0.50 ms, 65536 x 16 1.9 -> 18 ms)."""
-
-
-def _gae_terms(
-    rewards: Tensor,
-    values: Tensor,
-    next_values: Tensor,
-    terminated: Tensor,
-    dones: Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[Tensor, Tensor]:
-    """GAE's ``(T, N)`` TD errors ``delta_t`` and recursion factors ``gamma * lambda * (1 - done_t)``."""
     if not (rewards.shape == values.shape == next_values.shape == terminated.shape == dones.shape):
         raise ValueError(
             "compute_gae: rewards, values, next_values, terminated and dones must all be (T, N); got "
@@ -242,6 +191,46 @@ def _gae_terms(
             f"{tuple(terminated.shape)}, {tuple(dones.shape)}."
         )
     not_terminated = 1.0 - terminated.to(values.dtype)  # (T, N)
-    continues = gamma * gae_lambda * (1.0 - dones.to(values.dtype))  # (T, N)
-    deltas = rewards + gamma * next_values * not_terminated - values  # (T, N)
-    return deltas, continues
+    continues = gamma * gae_lambda * (1.0 - dones.to(values.dtype))  # (T, N): the recursion's factors
+    deltas = rewards + gamma * next_values * not_terminated - values  # (T, N): the TD errors
+    if scan and not (values.device.type == "cpu" and values[0].numel() > SCAN_MAX_ENVS):
+        advantages = _scan(deltas, continues)
+    else:
+        advantages = _loop(deltas, continues)
+    return advantages, advantages + values
+
+
+compute_gae_scan = functools.partial(compute_gae, scan=True)
+""":func:`compute_gae` with ``scan=True``: the recursion in log2(T) passes, for a compiled update."""
+
+
+def _loop(deltas: Tensor, continues: Tensor) -> Tensor:
+    """``A_t = delta_t + c_t A_{t+1}`` solved backwards, one step at a time."""
+    advantages = torch.empty_like(deltas)  # (T, N)
+    next_advantage = torch.zeros_like(deltas[0])  # (N,)
+    for t in reversed(range(deltas.shape[0])):
+        next_advantage = deltas[t] + continues[t] * next_advantage
+        advantages[t] = next_advantage
+    return advantages
+
+
+def _scan(deltas: Tensor, continues: Tensor) -> Tensor:
+    """``A_t = delta_t + c_t A_{t+1}`` by recursive doubling: after pass k, ``A_t`` holds the sum over
+    the next 2^k steps and ``C_t`` the product of their factors, and one pass combines each step with the
+    one 2^k ahead."""
+    horizon = deltas.shape[0]
+    advantages, factors, shift = deltas, continues, 1
+    while shift < horizon:
+        ahead = torch.addcmul(advantages[:-shift], factors[:-shift], advantages[shift:])
+        advantages = torch.cat((ahead, advantages[-shift:]))
+        if 2 * shift < horizon:  # the last pass needs no products
+            factors = torch.cat((factors[:-shift] * factors[shift:], factors[-shift:]))
+        shift *= 2
+    return advantages
+
+
+SCAN_MAX_ENVS = 1024
+"""Above this many sub-envs on a CPU, :func:`compute_gae` with ``scan`` runs the loop: each of its T ops is
+then large enough that its overhead no longer dominates, and the scan's log2(T) passes over all T x N
+values cost more (measured: 4 envs x 128 steps 1.9 ms -> 0.15 ms, 1024 x 32 0.54 -> 0.43 ms, 4096 x 16 0.43 ->
+0.50 ms, 65536 x 16 1.9 -> 18 ms)."""
