@@ -42,7 +42,7 @@ from phalanx.population.outcome import (
 )
 from phalanx.population.scheduler import Orchestrator, check_members_memory
 from phalanx.population.vectorized_run import VectorizedRun
-from phalanx.train.run_dir import config_differences
+from phalanx.train.run_dir import config_differences, refuse_differences
 
 __all__ = [  # with the names of scheduler, vectorized_run and outcome that were defined here before
     "MEMBER_SEED_STRIDE",
@@ -118,13 +118,12 @@ def _continue_existing(config: PopulationConfig, show_progress: bool) -> Populat
     if not (directory / "leaderboard.json").exists():
         return None
     saved = PopulationConfig.from_yaml(directory / "population.yaml")
-    differences = population_differences(saved, config)
-    if differences:
-        raise ConfigError(
-            f"--resume: the population in {str(directory)!r} has other settings than this command: "
-            + "; ".join(f"{key}: the population has {a!r}, the command {b!r}" for key, a, b in differences)
-            + ". Rerun the command it was started with, or choose another --dir for a new population."
-        )
+    refuse_differences(
+        population_differences(saved, config),
+        f"--resume: the population in {str(directory)!r} has other settings than this command: ",
+        ("the population has", "the command"),
+        ". Rerun the command it was started with, or choose another --dir for a new population.",
+    )
     return resume_population(directory, show_progress, total_steps=config.base.total_steps)
 
 

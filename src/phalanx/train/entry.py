@@ -30,6 +30,7 @@ from phalanx.train.run_dir import (
     config_differences,
     finished_summary,
     read_run_config,
+    refuse_differences,
     resumable_state,
     set_aside,
 )
@@ -82,13 +83,12 @@ def _continue_existing(
             f"--resume: {str(run_dir)!r} holds files but no phalanx run (its config.yaml is missing). "
             "Point --run-dir at a run directory, or at a new or empty one to start the run there."
         )
-    differences = config_differences(read_run_config(run_dir), config)
-    if differences:
-        raise ConfigError(
-            f"--resume: the run in {str(run_dir)!r} has another config than this command: "
-            + "; ".join(f"{key}: the run has {a!r}, the command {b!r}" for key, a, b in differences)
-            + ". Rerun the command the run was started with, or choose another --run-dir for a new run."
-        )
+    refuse_differences(
+        config_differences(read_run_config(run_dir), config),
+        f"--resume: the run in {str(run_dir)!r} has another config than this command: ",
+        ("the run has", "the command"),
+        ". Rerun the command the run was started with, or choose another --run-dir for a new run.",
+    )
     if CheckpointManager(run_dir).latest() is None:
         set_aside(run_dir)  # killed before its first checkpoint: nothing to go on from
         return None

@@ -67,13 +67,13 @@ def resumable_state(run_dir: Path, config: TrainConfig, total_steps: int | None)
         )
     state = load_checkpoint(latest, map_location=config.device if config.num_learners == 1 else "cpu")
     saved = TrainConfig.from_dict(state["config"], where=f"{latest}/state.pt")
-    differences = config_differences(saved, config)
-    if differences:
-        raise CheckpointError(
-            f"{config_path} does not match the config stored in the checkpoint {latest}: "
-            + "; ".join(f"{key}: checkpoint has {a!r}, config.yaml has {b!r}" for key, a, b in differences)
-            + ". Restore config.yaml, or start a new run with the new settings."
-        )
+    refuse_differences(
+        config_differences(saved, config),
+        f"{config_path} does not match the config stored in the checkpoint {latest}: ",
+        ("checkpoint has", "config.yaml has"),
+        ". Restore config.yaml, or start a new run with the new settings.",
+        error=CheckpointError,
+    )
     if total_steps is not None and total_steps <= state["progress"]["steps"]:
         raise ConfigError(
             f"--total-steps {total_steps} is not beyond the {state['progress']['steps']} steps this run "
@@ -111,6 +111,22 @@ def set_aside(run_dir: Path) -> Path:
         if entry.name != "attempts":
             entry.rename(target / entry.name)
     return target
+
+
+def refuse_differences(
+    differences: list[tuple[str, Any, Any]],
+    opening: str,
+    sides: tuple[str, str],
+    closing: str,
+    error: type[Exception] = ConfigError,
+) -> None:
+    """Raise ``error`` where a saved config and a new one differ (``differences``: ``(key, saved value,
+    new value)`` each, as :func:`config_differences` lists them): ``opening``, then ``key: <saved side>
+    a, <new side> b`` for each difference, ``sides`` naming the two, then ``closing`` (the fix)."""
+    if differences:
+        saved, new = sides
+        listed = "; ".join(f"{key}: {saved} {a!r}, {new} {b!r}" for key, a, b in differences)
+        raise error(opening + listed + closing)
 
 
 def config_differences(saved: TrainConfig, current: TrainConfig) -> list[tuple[str, Any, Any]]:
