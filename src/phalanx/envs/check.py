@@ -9,7 +9,6 @@ raised them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -21,6 +20,7 @@ from phalanx.envs.base import VecEnv
 from phalanx.envs.contract_checker import CheckAborted as CheckAborted
 from phalanx.envs.contract_checker import (
     CheckerBase,
+    ContractReport,
     equal_with_nan,
     first_difference,
     first_true,
@@ -44,16 +44,8 @@ _REQUIRED = (
 _DETERMINISM_STEPS = 20
 
 
-@dataclass
-class CheckReport:
+class CheckReport(ContractReport[float]):
     """What :func:`check_vec_env` saw on an env that passed."""
-
-    env: str
-    num_steps: int
-    episodes: int
-    mean_episode_return: float
-    mean_episode_length: float
-    warnings: list[str] = field(default_factory=list)
 
 
 class _Checker(CheckerBase):
@@ -290,11 +282,5 @@ def check_vec_env(env: Any, num_steps: int = 1000, seed: int = 0) -> CheckReport
     """
     checker = _Checker(env, num_steps, seed)
     steps = checker.check()
-    return CheckReport(
-        env=checker.name,
-        num_steps=steps,
-        episodes=len(checker.lengths),
-        mean_episode_return=float(np.mean(checker.returns)) if checker.returns else float("nan"),
-        mean_episode_length=float(np.mean(checker.lengths)) if checker.lengths else float("nan"),
-        warnings=checker.warnings,
-    )
+    mean_return = float(np.mean(checker.returns)) if checker.returns else float("nan")
+    return checker.report(CheckReport, steps, mean_return)

@@ -1,4 +1,5 @@
-"""What the contract checkers share: :class:`CheckerBase` and the comparisons their messages use.
+"""What the contract checkers share: :class:`CheckerBase`, the :class:`ContractReport` it fills, and the
+comparisons their messages use.
 
 :func:`phalanx.envs.check_vec_env` (the VecEnv contract) and ``phalanx.marl.check`` (the multi-agent
 one) both run an env through :class:`CheckerBase`: it collects one line per kind of violation, turns
@@ -11,13 +12,32 @@ from __future__ import annotations
 
 import copy
 import traceback
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
 from phalanx.errors import ContractError
+
+Return = TypeVar("Return")
+
+
+@dataclass
+class ContractReport(Generic[Return]):
+    """What a contract check saw on an env that passed: the steps run, the episodes that ended, their
+    mean return (``Return``: a float, or one per agent group) and length, and the warnings."""
+
+    env: str
+    num_steps: int
+    episodes: int
+    mean_episode_return: Return
+    mean_episode_length: float
+    warnings: list[str] = field(default_factory=list)
+
+
+Report = TypeVar("Report", bound=ContractReport[Any])
 
 
 class CheckAborted(Exception):
@@ -95,6 +115,17 @@ class CheckerBase:
         self.counted = torch.zeros(0, dtype=torch.int64)
         self.lengths: list[int] = []
         self.saw_end = self.saw_reset_differ = False
+
+    def report(self, report_class: type[Report], steps: int, mean_episode_return: Any) -> Report:
+        """What :meth:`check` saw, ``steps`` of it, as a ``report_class``."""
+        return report_class(
+            env=self.name,
+            num_steps=steps,
+            episodes=len(self.lengths),
+            mean_episode_return=mean_episode_return,
+            mean_episode_length=float(np.mean(self.lengths)) if self.lengths else float("nan"),
+            warnings=self.warnings,
+        )
 
     def fail(self, key: str, line: str) -> None:
         self.violations.setdefault(key, line)

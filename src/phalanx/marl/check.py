@@ -10,7 +10,6 @@ masks, among the allowed actions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +24,7 @@ from phalanx.envs.check import (
     first_true,
     format_values,
 )
+from phalanx.envs.contract_checker import ContractReport
 from phalanx.marl.core import AgentGroup, MultiAgentVecEnv
 
 __all__ = ["MultiAgentCheckReport", "check_multi_agent_env"]
@@ -34,17 +34,9 @@ _DETERMINISM_STEPS = 20
 _RETURN_TOLERANCE = 1e-3  # relative, of the summed rewards against info["episode_return"]
 
 
-@dataclass
-class MultiAgentCheckReport:
-    """What :func:`check_multi_agent_env` saw on an env that passed."""
-
-    env: str
-    num_steps: int
-    episodes: int
-    mean_episode_return: dict[str, float]
-    """Per group: the mean over its agents and the episodes that ended."""
-    mean_episode_length: float
-    warnings: list[str] = field(default_factory=list)
+class MultiAgentCheckReport(ContractReport[dict[str, float]]):
+    """What :func:`check_multi_agent_env` saw on an env that passed; ``mean_episode_return`` per group:
+    the mean over its agents and the episodes that ended."""
 
 
 class _Checker(CheckerBase):
@@ -463,13 +455,5 @@ def check_multi_agent_env(env: Any, steps: int = 200, seed: int = 0) -> MultiAge
     """
     checker = _Checker(env, int(steps), int(seed))
     num_steps = checker.check()
-    return MultiAgentCheckReport(
-        env=checker.name,
-        num_steps=num_steps,
-        episodes=len(checker.lengths),
-        mean_episode_return={
-            name: float(np.mean(v)) if v else float("nan") for name, v in checker.returns.items()
-        },
-        mean_episode_length=float(np.mean(checker.lengths)) if checker.lengths else float("nan"),
-        warnings=checker.warnings,
-    )
+    mean_returns = {name: float(np.mean(v)) if v else float("nan") for name, v in checker.returns.items()}
+    return checker.report(MultiAgentCheckReport, num_steps, mean_returns)
