@@ -422,6 +422,18 @@ class PPO(Algorithm):
         ``config.share_encoder`` (where the value function reads the observations), else one each.
         Flat observations have no encoder: the networks are exactly the MLPs of before encoders."""
         super().__init__(config, observation_space, action_space, device)
+        self.build_networks(observation_space, action_space, critic_space)
+        self.optimizer = self.make_optimizer()
+        self.gradient_step: GradientStep | None = None
+        """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
+        self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
+
+    def build_networks(
+        self, observation_space: gym.Space, action_space: gym.Space, critic_space: gym.Space | None
+    ) -> None:
+        """The policy and the value function (``critic_space``: see :meth:`__init__`), and ``parameters``,
+        those the optimiser updates."""
+        config = self.config
         encoder, features = feature_encoder(observation_space, config.encoder)
         self.policy: PolicyHead = self.policy_head(encoder, features, action_space)
         if critic_space is None and config.share_encoder:
@@ -441,10 +453,6 @@ class PPO(Algorithm):
         for both heads (a tuple: the checkpoint holds the networks as ``policy`` and ``value``)."""
         if encoder is not None and self.value.encoder is encoder:
             self.shared_trunk = (encoder, head_on_features(self.policy), head_on_features(self.value))
-        self.optimizer = self.make_optimizer()
-        self.gradient_step: GradientStep | None = None
-        """The compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
-        self.gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
 
     def policy_head(self, encoder: nn.Module | None, features: int, action_space: gym.Space) -> PolicyHead:
         """The policy of ``action_space``'s kind, reading ``features`` from ``encoder`` (None: the flat

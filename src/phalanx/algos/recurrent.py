@@ -54,13 +54,12 @@ from phalanx.algos.ppo import (
     ActorCriticConfig,
     ActorCriticHyperparameters,
     PolicyHead,
-    PPOConfig,
     actor_critic_loss,
     minibatch_size,
     ppo_update,
     update_settings,
 )
-from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae
+from phalanx.buffers import RolloutBuffer, StepLayout
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import (
     CategoricalPolicy,
@@ -254,28 +253,22 @@ class RecurrentRolloutBuffer(RolloutBuffer):
 class RecurrentPPO(PPO):
     """PPO with a recurrent policy: PPO's learning rule on minibatches of whole sequences."""
 
-    name = "ppo"
-    config_class = PPOConfig
-    config: PPOConfig
-
-    def __init__(
-        self,
-        config: ActorCriticConfig,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        device: torch.device,
+    def build_networks(
+        self, observation_space: gym.Space, action_space: gym.Space, critic_space: gym.Space | None
     ) -> None:
-        Algorithm.__init__(self, config, observation_space, action_space, device)
-        if config.recurrent is None:
+        """One recurrent network with both heads (the recurrent update runs eagerly: see compile)."""
+        if self.config.recurrent is None:
             raise ConfigError(
                 f"{type(self).__name__} needs recurrent: lstm or gru in its hyperparameters; build the "
                 "algorithm of a config with phalanx.registry.algorithm_class(algo, hyperparameters)."
             )
-        self.network = RecurrentActorCritic(observation_space, action_space, config).to(self.device)
+        if critic_space is not None:
+            raise ConfigError(
+                f"{type(self).__name__} got critic_space {critic_space}, but its value head reads the "
+                "recurrent network's memory of the observations, not another input. Pass critic_space=None."
+            )
+        self.network = RecurrentActorCritic(observation_space, action_space, self.config).to(self.device)
         self.parameters = list(self.network.parameters())
-        self.optimizer = self.make_optimizer()
-        self.gradient_step = None  # the recurrent update runs eagerly (see compile)
-        self.gae = compute_gae
 
     @property
     def memory_shape(self) -> tuple[int, int]:
