@@ -62,6 +62,7 @@ class Browser:
                 "--headless",
                 "--no-sandbox",  # as root, in CI's container
                 "--disable-gpu",
+                "--disable-dev-shm-usage",  # a container's small /dev/shm
                 "--hide-scrollbars",
                 "--no-first-run",
                 f"--user-data-dir={profile}",
@@ -89,12 +90,14 @@ class Browser:
         )
 
     def read(self) -> None:
+        """Chromium's messages into the queue, until it closes the pipe (or close() does)."""
         buffer = b""
-        while chunk := os.read(self.from_browser, 1 << 16):
-            buffer += chunk
-            *messages, buffer = buffer.split(b"\0")
-            for message in messages:
-                self.messages.put(json.loads(message))
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self.from_browser, 1 << 16):
+                buffer += chunk
+                *messages, buffer = buffer.split(b"\0")
+                for message in messages:
+                    self.messages.put(json.loads(message))
 
     def call(self, method: str, **params) -> dict:
         """Send a command (to the tab once attached) and return its result; events are passed over."""
@@ -204,9 +207,7 @@ def test_page_renders_with_its_title_and_a_code_block(site, browser, path, title
         text = browser.evaluate("document.querySelector('article table').textContent")
         assert "num_envs" in text and "Sub-environments stepped as one batch." in text
     else:
-        assert code in browser.evaluate(CODE_BLOCK), (
-            f"no code block of {path} shows {code!r}"
-        )
+        assert code in browser.evaluate(CODE_BLOCK), f"no code block of {path} shows {code!r}"
 
 
 def test_search_finds_population(site, browser):
