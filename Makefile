@@ -2,13 +2,13 @@
 # (TORCH_SPEC=... overrides), so that nothing else pulls an unpinned torch with CUDA packages.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,bench,finance,mujoco,envpool,jax,ray,marl,render,export,wandb,tune,atari,playground
+EXTRAS ?= dev,bench,finance,mujoco,envpool,jax,ray,marl,render,export,wandb,tune,atari,playground,docs
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
 comma := ,
 
-.PHONY: venv demo test test-all bench lint clean
+.PHONY: venv demo test test-all bench lint docs clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/python -m pytest -q tests/test_layers.py
+
+# The documentation site (mkdocs.yml) in site/: strict, so a warning, a broken link or reference fails.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
