@@ -68,10 +68,9 @@ def wheel_of(dist: Path) -> Path:
 
 
 def test_the_builds_are_named_for_the_version_and_pass_twine_check(dist):
-    assert sorted(path.name for path in dist.iterdir()) == [
-        f"phalanx-{__version__}-py3-none-any.whl",
-        f"phalanx-{__version__}.tar.gz",
-    ]
+    wheel = f"phalanx-{__version__}-py3-none-any.whl"
+    assert sorted(path.name for path in dist.iterdir()) == [wheel, f"phalanx-{__version__}.tar.gz"]
+    assert f'pip install "dist/{wheel}[' in (ROOT / "README.md").read_text(), "README's install, as built"
     checked = run(sys.executable, "-m", "twine", "check", "--strict", *sorted(dist.iterdir()), cwd=dist)
     assert checked.returncode == 0 and checked.stdout.count("PASSED") == 2, checked.stdout + checked.stderr
 
