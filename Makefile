@@ -2,12 +2,12 @@
 # (TORCH_SPEC=... overrides), so that nothing else pulls an unpinned torch with CUDA packages.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
-export TORCH_SPEC  # tests/test_wheel.py installs the same torch into a fresh virtualenv
 EXTRAS ?= dev,bench,finance,mujoco,envpool,jax,ray,marl,render,export,wandb,tune,atari,playground
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
 comma := ,
+export TORCH_SPEC  # tests/test_wheel.py installs the same torch into a fresh virtualenv
 
 .PHONY: venv demo test test-all bench lint clean
 
