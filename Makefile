@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,-,$(subst $(comma),_,$(TORCH_SPEC)))-$(subst $(comma),_,$(EXTRAS))
 comma := ,
+export TORCH_SPEC  # tests/test_wheel.py installs the same torch into a fresh virtualenv
 
 .PHONY: venv demo test test-all bench lint docs clean
 

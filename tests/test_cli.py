@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import phalanx
 from phalanx.cli import main, parse_train_args
 from phalanx.config import presets
 
@@ -106,6 +107,16 @@ def test_preset_and_flags_and_config_file_compose(tmp_path):
     config = parse_train_args(["ppo", "CartPole-v1", "--config", str(file), "--learning-rate", "0.02"])
     assert config.num_envs == 3000 and config.hyperparameters.learning_rate == 0.02
     assert config.hyperparameters.horizon == preset["hyperparameters"]["horizon"]  # preset beneath the file
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_one_in_pyproject(capsys, flag):
+    """The version is written once, in pyproject.toml; from a source tree ``phalanx --version`` reads it
+    there (tests/test_wheel.py checks an installed wheel, which reads its metadata)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert run_cli(capsys, flag) == (0, f"phalanx {project['version']}\n")
+    assert phalanx.__version__ == project["version"]
 
 
 @pytest.mark.parametrize(

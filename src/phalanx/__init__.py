@@ -8,9 +8,9 @@ agent = phalanx.load_agent(result.run_dir)
 
 import importlib
 import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
-
-__version__ = "0.1.0"
 
 # Each public name and the module that defines it, imported on first use: importing a lower layer
 # (``phalanx.envs``, ``phalanx.config``) does not import the learners and the runtime above it.
@@ -52,7 +52,31 @@ importlib.import_module("phalanx.train")
 del globals()["train"]
 
 
+def _version() -> str:
+    """The version, written once: pyproject.toml's ``[project] version``. Read from pyproject.toml itself
+    when phalanx runs from a source tree (a checkout or an unpacked sdist, used with PYTHONPATH=src or
+    installed editable, whose recorded metadata goes stale when the file changes), else from the
+    installed distribution's metadata (a wheel). Resolved on first use of ``phalanx.__version__``:
+    importlib.metadata costs ~30 ms of every start-up otherwise."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file() and sys.version_info >= (3, 11):
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+        if project.get("name") == "phalanx":
+            return project["version"]
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("phalanx")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on Python 3.10, never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()["__version__"] = _version()
+        return globals()["__version__"]
     if name == "marl":
         return importlib.import_module("phalanx.marl")
     if name in _EXPORTS:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from phalanx import __version__
+import phalanx
 from phalanx.cli.output import console
 from phalanx.errors import PhalanxError
 from phalanx.train.interrupts import exit_code as interrupted_exit_code
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        print(f"phalanx {__version__}")
+        print(f"phalanx {phalanx.__version__}")
         return 0
     command = COMMANDS.get(argv[0])
     if command is None:
