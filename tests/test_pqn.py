@@ -17,12 +17,14 @@ import phalanx
 from phalanx.algos.pqn import PQN, PQNConfig, q_lambda_targets
 from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.cli import main
+from phalanx.compiling import compile_problem
 from phalanx.config import load_yaml
 from phalanx.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 MANY_ENVS = ROOT / "examples" / "pqn_cartpole_many_envs.yaml"
 SPACES = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(3))
+COMPILE_PROBLEM = compile_problem(torch.device("cpu"))
 SMALL = dict(num_envs=4, horizon=16, minibatch_size=32, torch_threads=1, eval_episodes=2)
 
 
@@ -130,6 +132,25 @@ def test_state_dict_loads_into_another_instance_with_identical_predictions():
     assert set(source.state_dict()) == {"q_network", "optimizer", "exploration_decay"}
     assert torch.equal(target.q_network(obs), source.q_network(obs))
     assert torch.equal(target.policy.epsilons(4), source.policy.epsilons(4))
+
+
+@pytest.mark.slow  # a compile of ~10-30 s
+@pytest.mark.skipif(COMPILE_PROBLEM is not None, reason=f"cannot compile here: {COMPILE_PROBLEM}")
+def test_the_compiled_update_equals_the_eager_update():
+    eager = build(minibatch_size=16, anneal_lr=True)
+    compiled = build(minibatch_size=16, anneal_lr=True)
+    compiled.load_state_dict(eager.state_dict())
+    assert compiled.compile() == ["update"]
+    rollout = random_rollout()
+    for progress in (0.0, 0.5):
+        results = []
+        for algorithm in (eager, compiled):
+            torch.manual_seed(int(progress * 100))  # the same shuffles
+            results.append(algorithm.update(rollout, progress))
+        for name, value in results[0].items():
+            torch.testing.assert_close(results[1][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for mine, theirs in zip(eager.q_network.parameters(), compiled.q_network.parameters(), strict=True):
+        torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-5)
 
 
 # -- runs -----------------------------------------------------------------------------------------------
