@@ -207,6 +207,14 @@ def test_the_command_line_trains_evaluates_exports_and_resumes(tmp_path, capsys)
     assert "pqn has no stochastic policy" in " ".join(capsys.readouterr().err.split())
 
 
+def test_a_population_of_pqn_members_trains_and_exports_its_best(tmp_path):
+    flags = ["--size", "2", "--backend", "process", "--total-steps", "1024", "--num-envs", "4"]
+    flags += ["--horizon", "16", "--minibatch-size", "32", "--eval-every", "512", "--eval-episodes", "2"]
+    assert main(["population", "run", "pqn", "CartPole-v1", *flags, "--dir", str(tmp_path / "pop")]) == 0
+    best = phalanx.load_agent(tmp_path / "pop" / "best")
+    assert best.act(np.zeros((3, 4), dtype=np.float32)).shape == (3,)
+
+
 # -- bad input -------------------------------------------------------------------------------------------
 def test_a_box_action_space_is_refused_before_the_run_directory(tmp_path):
     config = phalanx.make_config("pqn", "Pendulum-v1", run_dir=str(tmp_path / "run"), num_envs=4)
