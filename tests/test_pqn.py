@@ -122,6 +122,21 @@ def test_update_runs_epochs_of_minibatches_and_moves_the_q_network():
     assert any(not torch.equal(a, b) for a, b in zip(before, pqn.q_network.parameters(), strict=True))
 
 
+def test_image_observations_go_through_the_cnn_encoder():
+    space = gym.spaces.Box(0, 255, (3, 16, 16), np.uint8)
+    torch.manual_seed(0)
+    pqn = PQN(PQNConfig(hidden_sizes=(32,)), space, gym.spaces.Discrete(4), torch.device("cpu"))
+    rollout = RolloutBuffer(4, 2, StepLayout((3, 16, 16), torch.uint8, (), torch.int64), "cpu")
+    for t in range(4):
+        obs = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+        actions, log_probs, values = pqn.explore(obs)
+        rollout.add(
+            t, obs, actions, log_probs, values, torch.ones(2), *[torch.zeros(2, dtype=torch.bool)] * 2, obs
+        )
+    assert actions.shape == (2,) and pqn.act(obs).shape == (2,)
+    assert torch.isfinite(pqn.update(rollout, progress=0.5)["q_loss"])
+
+
 def test_state_dict_loads_into_another_instance_with_identical_predictions():
     source = build(seed=0)
     source.update(random_rollout(), progress=0.6)

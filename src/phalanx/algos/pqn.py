@@ -70,7 +70,7 @@ class PQNConfig(AlgoConfig):
     exploration_final_lowest: float | None = None
     """Per-env epsilons: the sub-envs' final epsilons spread geometrically from exploration_final (the
     first sub-env) down to this (the last), so that some explore more than others (None: the same
-    epsilon for every sub-env)."""
+    epsilon for every sub-env). Spread over the rows of each acting call: with --overlap, over each half."""
 
     def rollout_size(self, run: TrainConfig) -> int:
         return self.horizon * run.num_envs
