@@ -49,6 +49,7 @@ CASES = {  # algo: env, flags (two updates per iteration off-policy)
     "sac": ("Pendulum-v1", OFF_POLICY),
     "redq": ("Pendulum-v1", OFF_POLICY),
     "ppo": ("CartPole-v1", ["--horizon", "8", "--minibatch-size", "16", "--epochs", "2"]),
+    "pqn": ("CartPole-v1", ["--horizon", "8", "--minibatch-size", "16", "--epochs", "2"]),
 }
 PHALANX = str(Path(phalanx.__file__).parent)
 

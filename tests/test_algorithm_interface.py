@@ -14,6 +14,7 @@ from phalanx.algos.base import Algorithm, ExplorationPolicy
 from phalanx.algos.ddpg import DDPG
 from phalanx.algos.dqn import D3QN, DQN, DoubleDQN, DuelingDQN
 from phalanx.algos.ppo import A2C, PPO
+from phalanx.algos.pqn import PQN
 from phalanx.algos.sac import REDQ, SAC
 from phalanx.algos.td3 import TD3
 from phalanx.marl.core import AgentGroup, MultiAgentSpec
@@ -28,6 +29,7 @@ ALGORITHMS = [
     DoubleDQN,
     DuelingDQN,
     D3QN,
+    PQN,
     DDPG,
     TD3,
     SAC,
@@ -45,6 +47,7 @@ CHECKPOINT_KEYS = {
     "ppo": {"policy", "value", "optimizer"},
     "a2c": {"policy", "value", "optimizer"},
     "dqn": {"q_network", "q_target", "optimizer", "updates"},
+    "pqn": {"q_network", "optimizer", "exploration_decay"},
     "ddpg": ENSEMBLE_CRITIC | {"actor_target"},
     "td3": ENSEMBLE_CRITIC | {"actor_target"},
     "sac": ENSEMBLE_CRITIC | {"log_alpha", "alpha_optimizer"},

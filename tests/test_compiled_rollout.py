@@ -20,11 +20,13 @@ pytestmark = pytest.mark.skipif(problem is not None, reason=f"cannot compile her
 NUM_ENVS, HORIZON, ROLLOUTS = 4, 48, 2
 
 
-def collected(tmp_path_factory, env: str, compile: bool) -> tuple[Trainer, list[dict], list[dict]]:
+def collected(
+    tmp_path_factory, env: str, compile: bool, algo: str = "ppo", **settings
+) -> tuple[Trainer, list[dict], list[dict]]:
     """A trainer's ``ROLLOUTS`` rollouts from one seed: their buffers' contents and episode statistics
     (the weights stay as initialised: the rollouts differ by the env's and the policy's draws only)."""
     config = phalanx.make_config(
-        "ppo",
+        algo,
         env,
         use_preset=False,
         num_envs=NUM_ENVS,
@@ -34,6 +36,7 @@ def collected(tmp_path_factory, env: str, compile: bool) -> tuple[Trainer, list[
         eval_every=0,
         seed=3,
         run_dir=str(tmp_path_factory.mktemp("compiled" if compile else "eager")),
+        **settings,
     )
     trainer = Trainer(config, show_progress=False)
     names = trainer.worker.compile() if compile else []
@@ -91,6 +94,18 @@ def test_acting_alone_is_compiled_for_an_env_stepped_outside_torch(tmp_path_fact
     eager = collected(tmp_path_factory, "gym:CartPole-v1", False)
     compiled = collected(tmp_path_factory, "gym:CartPole-v1", True)
     assert compiled[0] == ["acting"]
+    assert_same_rollouts(eager, compiled, exact_actions=True)
+
+
+@pytest.mark.slow  # one more fused graph
+def test_pqn_fused_rollout_matches_eager(tmp_path_factory):
+    """PQN's epsilon-greedy acting, its draw taken before the compiled step as the eager one takes it
+    (epsilon 0.5: greedy and random actions both)."""
+    eager, compiled = (
+        collected(tmp_path_factory, "CartPole-v1", compile, "pqn", exploration_initial=0.5)
+        for compile in (False, True)
+    )
+    assert compiled[0] == ["acting + env step + buffer write"]
     assert_same_rollouts(eager, compiled, exact_actions=True)
 
 

@@ -25,7 +25,7 @@ from phalanx.buffers import SCAN_MAX_ENVS, RolloutBuffer, StepLayout, compute_ga
 from phalanx.compiling import compile_problem
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import mlp
-from phalanx.optim import FlatAdam, FlatRMSprop, clip_grad_norm, gradients
+from phalanx.optim import FlatAdam, FlatRAdam, FlatRMSprop, clip_grad_norm, gradients
 from phalanx.population.vectorized import VectorizedPPO
 
 PROBLEM = compile_problem(torch.device("cpu"))
@@ -39,6 +39,7 @@ NUM_ENVS = 4
     ("flat_class", "torch_class", "kwargs"),
     [
         (FlatAdam, torch.optim.Adam, {"lr": 1e-2, "eps": 1e-5}),
+        (FlatRAdam, torch.optim.RAdam, {"lr": 1e-2, "eps": 1e-5}),  # 20 steps: before and after rho_t > 5
         (FlatRMSprop, torch.optim.RMSprop, {"lr": 1e-2, "alpha": 0.99, "eps": 1e-5}),
     ],
 )

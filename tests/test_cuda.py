@@ -20,11 +20,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"),
 ]
 
-SINGLE_AGENT = ["ppo", "a2c", "dqn", "double-dqn", "dueling-dqn", "d3qn", "ddpg", "td3", "sac", "redq"]
+SINGLE_AGENT = ["ppo", "a2c", "pqn", "dqn", "double-dqn", "dueling-dqn", "d3qn", "ddpg", "td3", "sac", "redq"]
 
 
 def env_of(algo: str) -> str:
-    return "CartPole-v1" if algo in ("ppo", "a2c", "d3qn") or "dqn" in algo else "Pendulum-v1"
+    return "CartPole-v1" if algo in ("ppo", "a2c", "pqn", "d3qn") or "dqn" in algo else "Pendulum-v1"
 
 
 def short_config(tmp_path, algo: str, name: str = "run", **overrides) -> phalanx.TrainConfig:
@@ -39,9 +39,9 @@ def short_config(tmp_path, algo: str, name: str = "run", **overrides) -> phalanx
         hidden_sizes=(32, 32),
         run_dir=str(tmp_path / name),
     )
-    if algo in ("ppo", "a2c"):
+    if algo in ("ppo", "a2c", "pqn"):
         settings.update(horizon=16)
-        if algo == "ppo":
+        if algo in ("ppo", "pqn"):
             settings.update(minibatch_size=64, epochs=2)
     else:
         settings.update(learning_starts=128, batch_size=64)

@@ -639,6 +639,7 @@ DISCRETE_CASES = [
     ("double-dqn", 5),
     ("dueling-dqn", -3),
     ("d3qn", 5),
+    ("pqn", -3),
 ]
 
 
@@ -651,7 +652,8 @@ def test_discrete_actions_reach_a_gymnasium_env_inside_a_space_that_starts_away_
     env_id = f"ShiftedCartPole{start}-v0"
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=lambda: ShiftedCartPole(start))
-    settings = {"horizon": 16, "minibatch_size": 64} if algo in ("ppo", "a2c") else {"learning_starts": 64}
+    on_policy = algo in ("ppo", "a2c", "pqn")
+    settings = {"horizon": 16, "minibatch_size": 64} if on_policy else {"learning_starts": 64}
     if algo == "a2c":
         settings.pop("minibatch_size")
     config = phalanx.make_config(

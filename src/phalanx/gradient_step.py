@@ -15,16 +15,18 @@ from torch import nn
 from phalanx.compiling import compiled_method
 from phalanx.optim import (
     FlatAdam,
+    FlatRAdam,
     FlatRMSprop,
     VectorizedAdam,
     adam_update,
+    radam_update,
     rmsprop_update,
 )
 
 Tensor = torch.Tensor
 
 
-FlatOptimizer = FlatAdam | FlatRMSprop | VectorizedAdam
+FlatOptimizer = FlatAdam | FlatRAdam | FlatRMSprop | VectorizedAdam
 Loss = Callable[..., tuple[Tensor, Any]]
 """``loss(*inputs) -> (loss, aux)``: a scalar loss (or P members' ``(P,)`` losses) computed with the
 modules, and whatever tensors the caller wants back (metrics)."""
@@ -62,8 +64,8 @@ class GradientStep:
     changes; :class:`VectorizedAdam`: the ``(P,)`` tensor passed to the call), so annealing it compiles
     nothing. ``max_grad_norm``: None (no clipping), a float (the global norm, as :func:`clip_grad_norm`)
     or, for :class:`VectorizedAdam`, a ``(P,)`` tensor read at every call (per member, as
-    :func:`clip_member_grad_norm`; +inf: not clipped). The update rules are :func:`adam_update` and
-    :func:`rmsprop_update`, torch's formulas element for element.
+    :func:`clip_member_grad_norm`; +inf: not clipped). The update rules are :func:`adam_update`,
+    :func:`radam_update` and :func:`rmsprop_update`, torch's formulas element for element.
     """
 
     def __init__(
@@ -209,6 +211,12 @@ def _update_rule(optimizer: FlatOptimizer) -> tuple[tuple[str, ...], Callable[..
             ("exp_avg", "exp_avg_sq", "step"),
             functools.partial(adam_update, betas=group["betas"], eps=group["eps"]),
         )
+    elif isinstance(optimizer, FlatRAdam):
+        unsupported = {"weight_decay": 0, "maximize": False, "decoupled_weight_decay": False}
+        rule = (
+            ("exp_avg", "exp_avg_sq", "step"),
+            functools.partial(radam_update, betas=group["betas"], eps=group["eps"]),
+        )
     elif isinstance(optimizer, FlatRMSprop):
         unsupported = {"momentum": 0, "centered": False, "weight_decay": 0, "maximize": False}
         rule = (
@@ -217,7 +225,7 @@ def _update_rule(optimizer: FlatOptimizer) -> tuple[tuple[str, ...], Callable[..
         )
     else:
         raise ValueError(
-            "GradientStep steps a FlatAdam, FlatRMSprop or VectorizedAdam, not a "
+            "GradientStep steps a FlatAdam, FlatRAdam, FlatRMSprop or VectorizedAdam, not a "
             f"{type(optimizer).__name__}; build the optimiser with phalanx.optim."
         )
     options = {name: group.get(name, default) for name, default in unsupported.items()}

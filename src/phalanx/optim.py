@@ -197,6 +197,15 @@ class FlatRMSprop(_FlatOptimizerMixin, torch.optim.RMSprop):
         torch.optim.RMSprop.__init__(self, [self.flat.parameter], **kwargs)
 
 
+class FlatRAdam(_FlatOptimizerMixin, torch.optim.RAdam):
+    """``torch.optim.RAdam`` (Adam with the variance of its early steps rectified) on a flat buffer of
+    ``parameters``: PQN's optimiser, which has no replay warm-up to steady Adam's first steps."""
+
+    def __init__(self, parameters: list[nn.Parameter], **kwargs: Any) -> None:
+        self.flat = FlatParameters(parameters)
+        torch.optim.RAdam.__init__(self, [self.flat.parameter], **kwargs)
+
+
 class _Building:
     optimizers = True
 
@@ -222,6 +231,11 @@ def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Opti
 def make_rmsprop(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
     """RMSprop over a flat buffer of ``parameters``; None inside :func:`without_optimizers`."""
     return FlatRMSprop(parameters, **kwargs) if _Building.optimizers else None
+
+
+def make_radam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+    """RAdam over a flat buffer of ``parameters``; None inside :func:`without_optimizers`."""
+    return FlatRAdam(parameters, **kwargs) if _Building.optimizers else None
 
 
 def load_adam_state(
@@ -395,3 +409,37 @@ def rmsprop_update(
     square_avg.mul_(alpha).addcmul_(gradients, gradients, value=1 - alpha)
     average = square_avg.sqrt().add_(eps)
     parameters.addcdiv_(gradients * -learning_rate.to(parameters.dtype), average)
+
+
+def radam_update(
+    parameters: Tensor,
+    gradients: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: Tensor,
+    learning_rate: Tensor,
+    betas: tuple[float, float],
+    eps: float,
+) -> None:
+    """torch's RAdam rule (no weight decay) in place, with no host sync: Adam's moments, and the step
+    rectified by the length of the approximated simple moving average (rho_t) once it exceeds 5, the
+    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch, computed in
+    float64 as torch computes it in Python floats)."""
+    beta1, beta2 = betas
+    dtype = parameters.dtype
+    steps += 1
+    exp_avg.lerp_(gradients, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(gradients, gradients, value=1 - beta2)
+    count = steps.double()
+    bias_correction1 = 1 - beta1**count
+    bias_correction2 = 1 - beta2**count
+    rho_infinity = 2 / (1 - beta2) - 1
+    rho = rho_infinity - 2 * count * beta2**count / bias_correction2
+    rectified = rho > 5.0
+    safe_rho = torch.where(rectified, rho, torch.full_like(rho, 6.0))  # no sqrt of a negative number
+    rectification = (
+        (safe_rho - 4) * (safe_rho - 2) * rho_infinity / ((rho_infinity - 4) * (rho_infinity - 2) * safe_rho)
+    ).sqrt()
+    adaptive = bias_correction2.sqrt().to(dtype) / exp_avg_sq.sqrt().add_(eps)
+    scale = torch.where(rectified, rectification.to(dtype) * adaptive, torch.ones_like(adaptive))
+    parameters.sub_(exp_avg / bias_correction1.to(dtype) * learning_rate.to(dtype) * scale)

@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "double-dqn": "phalanx.algos.dqn:DoubleDQN",
     "dueling-dqn": "phalanx.algos.dqn:DuelingDQN",
     "d3qn": "phalanx.algos.dqn:D3QN",
+    "pqn": "phalanx.algos.pqn:PQN",
     "ddpg": "phalanx.algos.ddpg:DDPG",
     "td3": "phalanx.algos.td3:TD3",
     "sac": "phalanx.algos.sac:SAC",

@@ -4,6 +4,7 @@ from phalanx.algos.base import Algorithm
 from phalanx.algos.ddpg import DDPG
 from phalanx.algos.dqn import D3QN, DQN, DoubleDQN, DuelingDQN
 from phalanx.algos.ppo import A2C, PPO
+from phalanx.algos.pqn import PQN
 from phalanx.algos.sac import REDQ, SAC
 from phalanx.algos.td3 import TD3
 
@@ -13,6 +14,7 @@ __all__ = [
     "DDPG",
     "DQN",
     "PPO",
+    "PQN",
     "REDQ",
     "SAC",
     "TD3",

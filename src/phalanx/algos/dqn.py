@@ -107,7 +107,7 @@ class D3QNConfig(DQNConfig):
 class QNetwork(nn.Module):
     """Q-values ``(B, num_actions)`` of observations ``(B, *obs_shape)``: an encoder (a CNN for images, see
     :func:`phalanx.nets.feature_encoder`; none for flat vectors), then a plain MLP or a dueling head on a
-    shared trunk."""
+    shared trunk; ``layer_norm``: a LayerNorm before each hidden activation (PQN's)."""
 
     def __init__(
         self,
@@ -117,16 +117,20 @@ class QNetwork(nn.Module):
         hidden_sizes: tuple[int, ...],
         activation: str,
         dueling: bool,
+        layer_norm: bool = False,
     ):
         super().__init__()
         self.encoder = encoder if encoder is not None else nn.Identity()
         self.dueling = dueling
         if not dueling:
-            self.q = mlp(in_dim, hidden_sizes, num_actions, activation)
+            self.q = mlp(in_dim, hidden_sizes, num_actions, activation, layer_norm=layer_norm)
             return
         *trunk_sizes, width = hidden_sizes or (64,)
+        last_norm = [nn.LayerNorm(width)] if layer_norm else []
         self.trunk = nn.Sequential(
-            mlp(in_dim, trunk_sizes, width, activation), activation_class(activation)()
+            mlp(in_dim, trunk_sizes, width, activation, layer_norm=layer_norm),
+            *last_norm,
+            activation_class(activation)(),
         )
         self.value = layer_init(nn.Linear(width, 1), 1.0)
         self.advantage = layer_init(nn.Linear(width, num_actions), 1.0)

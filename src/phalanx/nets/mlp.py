@@ -62,13 +62,18 @@ def mlp(
     out_dim: int,
     activation: str = "tanh",
     output_gain: float = 1.0,
+    layer_norm: bool = False,
 ) -> MLP:
-    """Linear-activation stack; gain sqrt(2) on hidden layers, ``output_gain`` on the last one."""
+    """Linear-activation stack; gain sqrt(2) on hidden layers, ``output_gain`` on the last one;
+    ``layer_norm``: a LayerNorm between each hidden layer and its activation (PQN's Q-network)."""
     activation_type = activation_class(activation)
     sizes = [in_dim, *hidden_sizes]
     layers: list[nn.Module] = []
     for size_in, size_out in pairwise(sizes):
-        layers += [layer_init(nn.Linear(size_in, size_out), HIDDEN_GAIN), activation_type()]
+        layers.append(layer_init(nn.Linear(size_in, size_out), HIDDEN_GAIN))
+        if layer_norm:
+            layers.append(nn.LayerNorm(size_out))
+        layers.append(activation_type())
     layers.append(layer_init(nn.Linear(sizes[-1], out_dim), output_gain))
     return MLP(*layers)
 

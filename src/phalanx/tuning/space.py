@@ -17,6 +17,7 @@ from phalanx.algos.base import OffPolicyConfig
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticConfig
 from phalanx.algos.dqn import DQNConfig
 from phalanx.algos.ppo import A2CConfig, ActorCriticConfig, PPOConfig
+from phalanx.algos.pqn import PQNConfig
 from phalanx.config import TrainConfig, check_hyperparameter_name, coerce, is_int
 from phalanx.config.specs import parse_kind_args
 from phalanx.errors import ConfigError
@@ -189,6 +190,13 @@ DEFAULT_SEARCH: dict[type, dict[str, str]] = {
         "gae_lambda": "choice:0.8,0.9,0.95,0.98,1.0",
         "entropy_coef": "log:1e-8,0.1",
     },
+    PQNConfig: {
+        "learning_rate": "log:1e-5,1e-2",
+        "gamma": GAMMAS,
+        "q_lambda": "choice:0.0,0.5,0.65,0.8,0.95",
+        "epochs": "int:1,8",
+        "exploration_final": "uniform:0.0,0.2",
+    },
     ValueDecompositionConfig: {
         "learning_rate": "log:1e-5,1e-2",
         "gamma": GAMMAS,
@@ -246,7 +254,7 @@ def with_hyperparameters(base: TrainConfig, values: Mapping[str, Any], **setting
 def check_within_budget(config: TrainConfig) -> None:
     """A ConfigError where one rollout of an on-policy trial (horizon x num_envs env steps, which it
     collects whole) is more than its budget: the trial would train past the budget every trial shares."""
-    if not isinstance(config.hyperparameters, ActorCriticConfig):  # PPO, A2C: rollouts of a horizon
+    if not isinstance(config.hyperparameters, ActorCriticConfig | PQNConfig):  # rollouts of a horizon
         return
     horizon = config.hyperparameters.horizon
     rollout = horizon * config.num_envs
