@@ -37,6 +37,7 @@ bench: venv
 lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests/test_layers.py
 
 clean:
