@@ -157,7 +157,9 @@ class GradientStep:
         return self.learning_rate
 
 
-def _parameter_views(module: nn.Module, parameters: Tensor) -> list[tuple[str, int, int, torch.Size]]:
+def _parameter_views(
+    module: nn.Module, parameters: Tensor
+) -> list[tuple[str, int | torch.SymInt, int, torch.Size]]:
     """Where each parameter of ``module`` sits in the flat buffer ``parameters`` (``(D,)``, or ``(P, D)``
     with each member parameter a range of columns): ``(name, start, size, shape)``, so that
     ``parameters.narrow(-1, start, size).view(shape)`` is that parameter. Every column must belong to one."""

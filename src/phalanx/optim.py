@@ -73,6 +73,7 @@ class FlatParameters:
 
     def zero_grad(self) -> None:
         self.reattach()
+        assert self.parameter.grad is not None, "reattach() gives the flat parameter its gradient"
         self.parameter.grad.zero_()
 
     def reattach(self) -> None:
@@ -152,6 +153,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
             return self.torch_step(closure)
         self.flat.reattach()
         parameter = self.flat.parameter
+        assert parameter.grad is not None, "reattach() gives the flat parameter its gradient"
         beta1, beta2 = group["betas"]
         with torch.no_grad():
             state["step"] += 1

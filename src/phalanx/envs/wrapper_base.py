@@ -34,6 +34,9 @@ class VecEnvWrapper(VecEnv):
     state under ``"env"``.
     """
 
+    _check_every: int  # set by compile(): the NanGuard's steps between checks, and the steps since one
+    _unchecked_steps: int
+
     def __init__(self, env: VecEnv) -> None:
         if not isinstance(env, VecEnv):
             raise ConfigError(
