@@ -21,7 +21,7 @@ It owns its networks and optimisers and exposes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
@@ -32,6 +32,9 @@ from phalanx.errors import ConfigError
 from phalanx.nets import ActionNoise, observation_kind
 from phalanx.optim import clip_grad_norm, gradients
 from phalanx.registry import algorithms_reading
+
+if TYPE_CHECKING:
+    from phalanx.buffers import RolloutBuffer, StepLayout
 
 
 class GradientGroup(Protocol):
@@ -48,6 +51,11 @@ class OnPolicy(Protocol):
 
     def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sampled actions of a (N, obs_dim) batch with their log-probabilities and values, each (N, ...)."""
+
+    def rollout_buffer(
+        self, horizon: int, num_envs: int, layout: StepLayout, device: torch.device
+    ) -> RolloutBuffer:
+        """The buffer a rollout of ``horizon`` steps of ``num_envs`` sub-envs is collected into."""
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor: ...
 

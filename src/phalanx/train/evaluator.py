@@ -64,7 +64,9 @@ class Evaluator(BestReturn):
     states and differ only by the policy. ``max_steps`` bounds envs without a time limit.
     """
 
-    def __init__(self, env: VecEnv, seed: int, max_steps: int = 100_000, check_every: int = 16) -> None:
+    def __init__(
+        self, env: VecEnv, seed: int | list[int], max_steps: int = 100_000, check_every: int = 16
+    ) -> None:
         self.env = env
         self.seed = seed
         self.max_steps = max_steps
@@ -96,7 +98,9 @@ class Evaluator(BestReturn):
         shape, ``(num_envs, ...)``) and lengths ``(num_envs,)``. ``episodes_ended(dones)`` is told each
         step's episode ends (an actor with memory forgets them)."""
         env = self.env
-        obs, info = env.reset(seed=self.seed)
+        # a list: one seed per sub-env (block_seeds), which the envs take though the VecEnv contract types
+        # an int
+        obs, info = env.reset(seed=self.seed)  # type: ignore[arg-type]
         finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
         lengths = torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
         for step in range(1, self.max_steps + 1):
@@ -245,6 +249,7 @@ class _Evaluation(WorkerTask):
 
     def handle(self, message: list[tuple[int, bytes]]) -> tuple[str, list, list[int]]:
         """``message``: the ``(steps, copy)`` that arrived, oldest first."""
+        assert self.evaluator is not None, "the process's evaluator exists once it has started"
         limit = self.evaluator.batch_limit
         taken, skipped = message[-limit:], [steps for steps, _ in message[:-limit]]
         copies = [torch.load(io.BytesIO(data), weights_only=True) for _, data in taken]
