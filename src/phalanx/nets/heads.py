@@ -12,7 +12,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -41,6 +41,10 @@ def head_mlp(
     return network if encoder is None else MLP(encoder, *network)
 
 
+HeadT = TypeVar("HeadT", bound=nn.Module)
+"""A policy head or value net (:func:`head_on_features` gives a view of the same class)."""
+
+
 def encoder_observation_rank(encoder: nn.Module | None) -> int:
     """The rank of one observation a head with ``encoder`` reads: an image encoder's image rank (2 or 3);
     1 otherwise (flat vectors, and Dict observations, which arrive flattened)."""
@@ -53,7 +57,7 @@ def head_encoder(network: nn.Sequential) -> nn.Module | None:
     return None if isinstance(first, nn.Linear) else first
 
 
-def head_on_features(head: nn.Module) -> nn.Module:
+def head_on_features(head: HeadT) -> HeadT:
     """A view of a policy head or value net built with an encoder that reads the encoder's features
     instead of observations: the same MLP layers (the same parameters, trained through either), without
     the encoder in front. With an encoder shared by the policy and the value function, the trunk then

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import cast
 
 import torch
 from torch import nn
@@ -150,8 +151,9 @@ class EnsembleMLP(nn.Module):
         return self.layers(x)  # (K, B, out_dim)
 
     @classmethod
-    def from_mlps(cls, mlps: Sequence[nn.Sequential]) -> EnsembleMLP:
-        """An ensemble whose member k has a copy of the weights of ``mlps[k]`` (built by :func:`mlp`)."""
+    def from_mlps(cls, networks: Sequence[nn.Module]) -> EnsembleMLP:
+        """An ensemble whose member k has a copy of the weights of ``networks[k]`` (built by :func:`mlp`)."""
+        mlps = cast("Sequence[nn.Sequential]", networks)  # mlp() builds Sequentials: checked below
         if len(mlps) == 0:
             raise ValueError("EnsembleMLP.from_mlps needs at least one mlp.")
         in_dim, hidden_sizes, out_dim, activation = _mlp_architecture(mlps[0])
