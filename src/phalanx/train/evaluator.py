@@ -10,7 +10,7 @@ import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from phalanx.optim import without_optimizers
 from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
 from phalanx.registry import algorithm_class
 from phalanx.train.environments import build_env, to_device
+
+if TYPE_CHECKING:
+    from phalanx.marl.core import MultiAgentVecEnv
 
 Tensor = torch.Tensor
 
@@ -65,7 +68,11 @@ class Evaluator(BestReturn):
     """
 
     def __init__(
-        self, env: VecEnv, seed: int | list[int], max_steps: int = 100_000, check_every: int = 16
+        self,
+        env: VecEnv | MultiAgentVecEnv,
+        seed: int | list[int],
+        max_steps: int = 100_000,
+        check_every: int = 16,
     ) -> None:
         self.env = env
         self.seed = seed
