@@ -40,7 +40,7 @@ Tensor = torch.Tensor
 class FlatParameters:
     """``parameters`` re-homed as views of one flat buffer (:attr:`parameter`), gradients of another."""
 
-    def __init__(self, parameters: list[nn.Parameter]) -> None:
+    def __init__(self, parameters: Sequence[Tensor]) -> None:
         self.parameters = list(parameters)
         if not self.parameters:
             raise ValueError("FlatParameters: no parameters given; pass the module parameters to optimise.")
@@ -123,7 +123,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
     """``torch.optim.Adam`` on a flat buffer of ``parameters``, with the fused kernel where this torch
     has it for the device (CPU: torch >= 2.4)."""
 
-    def __init__(self, parameters: list[nn.Parameter], **kwargs: Any) -> None:
+    def __init__(self, parameters: Sequence[Tensor], **kwargs: Any) -> None:
         self.flat = FlatParameters(parameters)
         try:
             torch.optim.Adam.__init__(self, [self.flat.parameter], fused=True, **kwargs)
@@ -194,7 +194,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
 class FlatRMSprop(_FlatOptimizerMixin, torch.optim.RMSprop):
     """``torch.optim.RMSprop`` on a flat buffer of ``parameters``."""
 
-    def __init__(self, parameters: list[nn.Parameter], **kwargs: Any) -> None:
+    def __init__(self, parameters: Sequence[Tensor], **kwargs: Any) -> None:
         self.flat = FlatParameters(parameters)
         torch.optim.RMSprop.__init__(self, [self.flat.parameter], **kwargs)
 
@@ -215,13 +215,13 @@ def without_optimizers() -> Iterator[None]:
         _Building.optimizers = before
 
 
-def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+def make_adam(parameters: Sequence[Tensor], **kwargs: Any) -> torch.optim.Optimizer | None:
     """Adam over a flat buffer of ``parameters`` (see the module docstring); None inside
     :func:`without_optimizers`."""
     return FlatAdam(parameters, **kwargs) if _Building.optimizers else None
 
 
-def make_rmsprop(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+def make_rmsprop(parameters: Sequence[Tensor], **kwargs: Any) -> torch.optim.Optimizer | None:
     """RMSprop over a flat buffer of ``parameters``; None inside :func:`without_optimizers`."""
     return FlatRMSprop(parameters, **kwargs) if _Building.optimizers else None
 

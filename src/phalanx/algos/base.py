@@ -416,8 +416,8 @@ class PolyakPair:
     (``tau = 1``: a copy), as one foreach op over parameter lists cached at construction."""
 
     def __init__(self, target: nn.Module, source: nn.Module) -> None:
-        self.target = list(target.parameters())
-        self.source = list(source.parameters())
+        self.target: list[torch.Tensor] = list(target.parameters())
+        self.source: list[torch.Tensor] = list(source.parameters())
 
     @torch.no_grad()
     def update(self, tau: float) -> None:
@@ -433,7 +433,7 @@ class OffPolicyAlgorithm(Algorithm):
 
     on_policy = False
     config: OffPolicyConfig
-    extra_state = ("updates",)
+    extra_state: ClassVar[tuple[str, ...]] = ("updates",)
 
     def exploration_policy(self) -> ExplorationPolicy:
         raise NotImplementedError
@@ -445,4 +445,5 @@ class OffPolicyAlgorithm(Algorithm):
         """Uniform actions for the warm-up, in the normalised action space."""
         if isinstance(self.action_space, gym.spaces.Discrete):
             return torch.randint(int(self.action_space.n), (num_envs,), device=self.device)
+        assert self.action_space.shape is not None, "a Box (the other action spaces it acts in)"
         return torch.rand(num_envs, *self.action_space.shape, device=self.device) * 2 - 1
