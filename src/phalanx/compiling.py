@@ -160,6 +160,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
         finally:
             _compile_seconds += time.perf_counter() - start
 
+    # ignored below: call has the compiled function's signature (a TypeVar of it)
     return call  # type: ignore[return-value]
 
 

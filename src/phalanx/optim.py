@@ -98,6 +98,7 @@ class _FlatOptimizerMixin:
 
     def step(self, closure: Any = None) -> Any:
         self.flat.reattach()
+        # ignored below: torch's Optimizer.step, which the hook wrapper hides from mypy
         return super().step(closure)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -116,6 +117,7 @@ class _FlatOptimizerMixin:
                 "state": {0: flat_state} if flat_state else {},
                 "param_groups": [{**groups[0], "params": [0]}],
             }
+        # ignored below: as step: torch's Optimizer.load_state_dict
         super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
@@ -178,6 +180,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
 
     # torch.optim.Optimizer wraps the step of its subclasses in its hook and profiler scope unless the step
     # is marked as wrapped already: this one calls the wrapped torch step whenever a hook is registered.
+    # ignored below: torch's marker attribute on a function
     step.hooked = True  # type: ignore[attr-defined]
 
     @torch.optim.Optimizer.profile_hook_step
@@ -187,6 +190,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
         self.flat.reattach()
         adam_step = torch.optim.Adam.step
         if getattr(adam_step, "hooked", False):
+            # ignored below: functools.wraps' attribute
             adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
         return adam_step(self, closure)
 

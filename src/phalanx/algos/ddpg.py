@@ -377,6 +377,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
                 functools.partial(self.rule.critic_loss, self),
             )
             self.actor_gradient_step = GradientStep(
+                # ignored below: make_adam's optimiser, None only inside without_optimizers (no compile there)
                 self.actor_optimizer,  # type: ignore[arg-type]
                 [self.actor],
                 functools.partial(self.rule.actor_loss, self),

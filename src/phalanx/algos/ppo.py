@@ -507,6 +507,7 @@ class PPO(Algorithm):
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> SideBySide | Any:
         """The k policies as one ensemble: one batched forward for all k blocks of rows."""
+        # ignored below: the agents are this class's (PPOs): they have a policy
         return MemberActor.of([agent.policy for agent in agents])  # type: ignore[attr-defined]
 
     # -- learning --------------------------------------------------------------------------------

@@ -297,6 +297,7 @@ class RecurrentPPO(PPO):
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
+    # ignored below: explore takes the memory and episode starts as well: a recurrent policy's
     def explore(  # type: ignore[override]
         self, obs: Tensor, memory: Tensor, episode_starts: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -336,6 +337,7 @@ class RecurrentPPO(PPO):
 
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> RecurrentSideBySide:
+        # ignored below: the agents are RecurrentPPOs, which RecurrentSideBySide reads
         return RecurrentSideBySide(agents)  # type: ignore[arg-type]
 
     # -- learning --------------------------------------------------------------------------------

@@ -323,6 +323,7 @@ class MemberScaleReward(ScaleReward):
         self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         by_member = (self.num_members, -1)
+        # ignored below: a (P,) tensor where ScaleReward has a float (see __init__)
         gamma: Tensor = self.gamma  # type: ignore[assignment]
         self.returns = (self.returns.view(by_member) * gamma.unsqueeze(1)).view(-1) + reward
         self.statistics.update(self.returns.view(by_member).T)  # (N, P)

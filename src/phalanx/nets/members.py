@@ -129,6 +129,7 @@ class MemberActor:
     def of(cls, policies: Sequence[CategoricalPolicy | GaussianPolicy]) -> MemberActor:
         """The actor of copies of ``policies`` (all categorical, or all Gaussian, of one architecture)."""
         if all(isinstance(policy, CategoricalPolicy) for policy in policies):
+            # ignored below: all CategoricalPolicy (checked on the line above)
             return cls(MemberCategoricalPolicy(policies), len(policies))  # type: ignore[arg-type]
         return cls(MemberGaussianPolicy(policies), len(policies))  # type: ignore[arg-type]
 

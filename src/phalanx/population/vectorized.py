@@ -284,6 +284,7 @@ class VectorizedPPO(VectorizedPopulation):
     @torch.no_grad()
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
         """Member ``member``'s weights and Adam state (step, moments, learning rate) into a single PPO."""
+        # ignored below: a single run of algorithm_class, PPO
         ppo: PPO = algorithm  # type: ignore[assignment]
         for parameter, tensor in zip(
             ppo.parameters, self._single_tensors(self.parameters[member]), strict=True

@@ -248,6 +248,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
         of ``P * num_envs`` columns. A round is one VecEnv step (``num_envs`` env steps per member)."""
         self.steps_per_round = self.num_envs
         self.draws = MemberDraws(self.generators)
+        # ignored below: the members are runs of algorithm_class
         self._build_networks(algorithms)  # type: ignore[arg-type]
         self.buffer = ReplayBuffer(
             replay_settings(self.config.hyperparameters).buffer_size * self.num_members,
@@ -433,6 +434,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
 
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
         """Member ``member``'s networks, targets and Adam states into a single run of its algorithm."""
+        # ignored below: a single run of algorithm_class
         single: EnsembleCriticAlgorithm = algorithm  # type: ignore[assignment]
         for flat in self.flats():
             flat.load_single(member, single)
@@ -455,6 +457,7 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     def _build_networks(self, algorithms: Sequence[EnsembleCriticAlgorithm]) -> None:
         super()._build_networks(algorithms)
+        # ignored below: SAC runs (algorithm_class), which have log_alpha
         log_alpha = torch.stack([algorithm.log_alpha.detach() for algorithm in algorithms])  # type: ignore[attr-defined]
         self.log_alpha = nn.Parameter(log_alpha.to(self.device))  # (P,)
         self.temperatures = MemberFlat(
@@ -505,6 +508,7 @@ class VectorizedTD3(VectorizedOffPolicy):
 
     def _build_networks(self, algorithms: Sequence[EnsembleCriticAlgorithm]) -> None:
         super()._build_networks(algorithms)
+        # ignored below: TD3 runs (algorithm_class), DDPGs
         targets: list[DDPG] = list(algorithms)  # type: ignore[arg-type]
         self.actor_target = self.member_actor([algorithm.actor_target for algorithm in targets])
         self.actor_target.to(self.device).requires_grad_(False)

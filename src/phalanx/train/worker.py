@@ -97,6 +97,7 @@ class HalvesInTurn:
             self.first.step_async(self.ahead[0])
         result = concat_transitions([first_result, self.second.step_wait()])
         outputs = tuple(torch.cat([first_outputs[i], second_outputs[i]]) for i in range(3))
+        # ignored below: a tuple of three tensors: Outputs
         return outputs, result  # type: ignore[return-value]
 
 
@@ -158,6 +159,7 @@ class Worker:
             self.obs, *statistics = step_once(step, self.obs)
             ended.append(statistics)
         if self.recurrent:  # the memory after the last step: where the update's recomputation ends
+            # ignored below: a recurrent policy's buffer has final_memory
             buffer.final_memory.copy_(self.memory)  # type: ignore[attr-defined]
         if self.compiled_rollout_step is not None:
             self.env.check()  # the env's device-side checks (a NanGuard's), raised once per rollout
@@ -191,6 +193,7 @@ class Worker:
         what the update recomputes the memory from.
         """
         if self.recurrent:
+            # ignored below: a recurrent policy's buffer has add_memory
             buffer.add_memory(step, self.memory, self.episode_starts)  # type: ignore[attr-defined]
         last = step + 1 == buffer.horizon
         (actions, log_probs, values), result = act_and_step(obs, last)
@@ -287,6 +290,7 @@ class Worker:
 
         def step_once(step: int, obs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             policy_noise = policy.draw_noise(obs)
+            # ignored below: compiled_rollout_step is set where this is called
             return rollout_step(obs, policy_noise, env.step_noise(), indices[step], fields)  # type: ignore[misc]
 
         return step_once
