@@ -41,4 +41,4 @@ lint: venv
 	$(BIN)/python -m pytest -q tests/test_layers.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache
