@@ -10,7 +10,7 @@ import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,9 +23,6 @@ from phalanx.optim import without_optimizers
 from phalanx.pool import Fault, WorkerPool, WorkerSide, WorkerTask, choose_start_method, death_cause
 from phalanx.registry import algorithm_class
 from phalanx.train.environments import build_env, to_device
-
-if TYPE_CHECKING:
-    from phalanx.marl.core import MultiAgentVecEnv
 
 Tensor = torch.Tensor
 
@@ -60,6 +57,21 @@ class BestReturn:
         return False
 
 
+class EpisodeEnv(Protocol):
+    """What an :class:`Evaluator` steps: a VecEnv, or a multi-agent env (``phalanx.marl``, a layer above:
+    its observations and actions are groups); ``reset``'s seed may be one per sub-env."""
+
+    @property
+    def num_envs(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> tuple[Any, dict[str, Any]]: ...
+
+    def step(self, actions: Any) -> tuple[Any, Any, Tensor, Tensor, dict[str, Any]]: ...
+
+
 class Evaluator(BestReturn):
     """Runs the first episode of each of ``env.num_envs`` sub-envs with the deterministic policy.
 
@@ -69,7 +81,7 @@ class Evaluator(BestReturn):
 
     def __init__(
         self,
-        env: VecEnv | MultiAgentVecEnv,
+        env: EpisodeEnv,
         seed: int | list[int],
         max_steps: int = 100_000,
         check_every: int = 16,
@@ -105,9 +117,7 @@ class Evaluator(BestReturn):
         shape, ``(num_envs, ...)``) and lengths ``(num_envs,)``. ``episodes_ended(dones)`` is told each
         step's episode ends (an actor with memory forgets them)."""
         env = self.env
-        # a list: one seed per sub-env (block_seeds), which the envs take though the VecEnv contract types
-        # an int
-        obs, info = env.reset(seed=self.seed)  # type: ignore[arg-type]
+        obs, info = env.reset(seed=self.seed)
         finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
         lengths = torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
         for step in range(1, self.max_steps + 1):
