@@ -38,6 +38,7 @@ bench: venv
 lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests/test_layers.py
 
 # The documentation site (mkdocs.yml) in site/: strict, so a warning, a broken link or reference fails.
@@ -45,4 +46,4 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

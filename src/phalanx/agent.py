@@ -52,7 +52,7 @@ class Agent:
         self.algorithm = restore_algorithm(config, spaces, state, self.device)
         self.obs_statistics: RunningMeanStd | None = None
         if state.get("obs_statistics") is not None:  # the training env's normalisation, frozen
-            self.obs_statistics = RunningMeanStd(self.observation_space.shape, self.device)
+            self.obs_statistics = RunningMeanStd(self.observation_shape, self.device)
             self.obs_statistics.load_state_dict(state["obs_statistics"])
         self.policy = EnvSpacePolicy(self.algorithm, self.obs_statistics, self.action_space)
         self.steps = state["progress"]["steps"]
@@ -63,7 +63,9 @@ class Agent:
         config = dataclasses.replace(self.config, device=str(self.device))
         env = build_env(config, episodes, training=False)
         if self.state.get("obs_statistics") is not None:
-            find_wrapper(env, NormalizeObservation).statistics.load_state_dict(self.state["obs_statistics"])
+            normalizer = find_wrapper(env, NormalizeObservation)
+            assert normalizer is not None, "build_env normalises observations where the run did"
+            normalizer.statistics.load_state_dict(self.state["obs_statistics"])
         evaluator = Evaluator(env, seed=config.seed + EVAL_SEED_OFFSET if seed is None else seed)
         try:
             return evaluator.evaluate(self.algorithm)
@@ -158,10 +160,11 @@ def flatten_dict_observation(space: gym.Space, obs: Mapping[str, Any]) -> np.nda
     parts = {key: np.asarray(obs[key]) for key in space.spaces}
     key, part = next(iter(space.spaces.items()))
     shape = () if isinstance(part, gym.spaces.Discrete) else part.shape
+    assert shape is not None, f"the observation part {key!r} has a shape"
     if parts[key].ndim == len(shape):  # one observation
         return np.asarray(gym.spaces.flatten(space, parts), dtype=np.float32)
     rows = [{name: value[row] for name, value in parts.items()} for row in range(len(parts[key]))]
-    return np.stack([gym.spaces.flatten(space, row) for row in rows]).astype(np.float32)
+    return np.stack([np.asarray(gym.spaces.flatten(space, row)) for row in rows]).astype(np.float32)
 
 
 def restore_algorithm(config: TrainConfig, spaces: tuple, state: dict[str, Any], device: torch.device) -> Any:

@@ -152,7 +152,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
             return graph(*args, **kwargs)
         tensors = [leaf for leaf in torch.utils._pytree.tree_leaves(args) if isinstance(leaf, torch.Tensor)]
         on_cpu = not tensors or tensors[0].device.type == "cpu"
-        options = {**CPU_OPTIONS, **cpu_isa_options()} if on_cpu else None
+        options: dict[str, Any] | None = {**CPU_OPTIONS, **cpu_isa_options()} if on_cpu else None
         graph = torch.compile(function, fullgraph=True, dynamic=dynamic, options=options)
         start = time.perf_counter()
         try:
@@ -160,6 +160,7 @@ def compiled(function: Function, dynamic: bool = False) -> Function:
         finally:
             _compile_seconds += time.perf_counter() - start
 
+    # ignored below: call has the compiled function's signature (a TypeVar of it)
     return call  # type: ignore[return-value]
 
 

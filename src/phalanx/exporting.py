@@ -60,6 +60,9 @@ _NOISE_TEXT = {"uniform": "uniform in [0, 1)", "normal": "standard normal"}
 
 
 class ExportedPolicy(nn.Module):
+    obs_mean: torch.Tensor  # buffers, with obs_statistics
+    obs_inv_std: torch.Tensor
+
     """Raw observations in, actions in the env's action space out: what the file holds.
 
     ``forward(obs, *extra)``: ``obs`` ``(B, *observation_shape)`` float32 (uint8 for the images of a
@@ -130,6 +133,7 @@ class ExportedPolicy(nn.Module):
         if self.memory_shape is not None:
             examples["memory"] = torch.zeros((batch, *self.memory_shape))
         if "action_mask" in self.inputs:
+            assert isinstance(self.action_space, gym.spaces.Discrete), "action masks are of Discrete actions"
             mask_shape = (batch, *self.agents_shape, int(self.action_space.n))
             examples["action_mask"] = torch.ones(mask_shape, dtype=torch.bool)
         if self.noise is not None:
@@ -153,6 +157,7 @@ class ExportedPolicy(nn.Module):
                 "memory_out of the previous step"
             )
         if "action_mask" in self.inputs:
+            assert isinstance(self.action_space, gym.spaces.Discrete), "action masks are of Discrete actions"
             mask_shape = _shape(*lead, int(self.action_space.n))
             text["action_mask"] = f"action_mask bool {mask_shape}, true where the action is allowed"
         if self.noise is not None:
@@ -167,6 +172,7 @@ class ExportedPolicy(nn.Module):
         elif isinstance(self.action_space, gym.spaces.MultiDiscrete):
             text = f"action int64 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
         else:
+            assert self.action_space.shape is not None, "an exported action space has a shape"
             text = f"action float32 {_shape(*lead, *self.action_space.shape)}, in {self.action_space}"
         if self.memory_shape is not None:
             text += f"; memory_out float32 {_shape(*lead, *self.memory_shape)}, the memory after the step"
@@ -286,6 +292,7 @@ def write_onnx(policy: ExportedPolicy, path: Path, metadata: dict[str, str]) -> 
             dynamic_shapes=dynamic_shapes,
             verbose=False,
         )
+    assert program is not None, "the dynamo exporter returns the program"
     program.model.metadata_props.update(metadata)
     with atomic_write(path, "wb") as file:
         file.write(program.model_proto.SerializeToString())

@@ -115,6 +115,7 @@ class GradientStep:
         if max_grad_norm is not None:
             if gradient.dim() == 2:  # per member, as clip_member_grad_norm
                 norm = torch.linalg.vector_norm(gradient, dim=1, keepdim=True)  # (P, 1)
+                # ignored below: a tensor here: the per-member clip (a float for one run)
                 max_grad_norm = max_grad_norm.to(gradient.dtype).unsqueeze(1)  # type: ignore[union-attr]
             else:  # the global norm, as clip_grad_norm
                 norm = torch.linalg.vector_norm(gradient)
@@ -152,6 +153,7 @@ class GradientStep:
         return tuple(state[name] for name in self.state_names)
 
     def _group_learning_rate(self) -> Tensor:
+        # ignored below: an optimiser with param_groups (a flat Adam)
         value = float(self.optimizer.param_groups[0]["lr"])  # type: ignore[union-attr]
         if value != self.learning_rate_value:
             self.learning_rate.fill_(value)
@@ -159,7 +161,9 @@ class GradientStep:
         return self.learning_rate
 
 
-def _parameter_views(module: nn.Module, parameters: Tensor) -> list[tuple[str, int, int, torch.Size]]:
+def _parameter_views(
+    module: nn.Module, parameters: Tensor
+) -> list[tuple[str, int | torch.SymInt, int, torch.Size]]:
     """Where each parameter of ``module`` sits in the flat buffer ``parameters`` (``(D,)``, or ``(P, D)``
     with each member parameter a range of columns): ``(name, start, size, shape)``, so that
     ``parameters.narrow(-1, start, size).view(shape)`` is that parameter. Every column must belong to one."""

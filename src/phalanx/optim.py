@@ -40,7 +40,7 @@ Tensor = torch.Tensor
 class FlatParameters:
     """``parameters`` re-homed as views of one flat buffer (:attr:`parameter`), gradients of another."""
 
-    def __init__(self, parameters: list[nn.Parameter]) -> None:
+    def __init__(self, parameters: Sequence[Tensor]) -> None:
         self.parameters = list(parameters)
         if not self.parameters:
             raise ValueError("FlatParameters: no parameters given; pass the module parameters to optimise.")
@@ -73,6 +73,7 @@ class FlatParameters:
 
     def zero_grad(self) -> None:
         self.reattach()
+        assert self.parameter.grad is not None, "reattach() gives the flat parameter its gradient"
         self.parameter.grad.zero_()
 
     def reattach(self) -> None:
@@ -97,6 +98,7 @@ class _FlatOptimizerMixin:
 
     def step(self, closure: Any = None) -> Any:
         self.flat.reattach()
+        # ignored below: torch's Optimizer.step, which the hook wrapper hides from mypy
         return super().step(closure)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -115,6 +117,7 @@ class _FlatOptimizerMixin:
                 "state": {0: flat_state} if flat_state else {},
                 "param_groups": [{**groups[0], "params": [0]}],
             }
+        # ignored below: as step: torch's Optimizer.load_state_dict
         super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
@@ -122,7 +125,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
     """``torch.optim.Adam`` on a flat buffer of ``parameters``, with the fused kernel where this torch
     has it for the device (CPU: torch >= 2.4)."""
 
-    def __init__(self, parameters: list[nn.Parameter], **kwargs: Any) -> None:
+    def __init__(self, parameters: Sequence[Tensor], **kwargs: Any) -> None:
         self.flat = FlatParameters(parameters)
         try:
             torch.optim.Adam.__init__(self, [self.flat.parameter], fused=True, **kwargs)
@@ -152,6 +155,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
             return self.torch_step(closure)
         self.flat.reattach()
         parameter = self.flat.parameter
+        assert parameter.grad is not None, "reattach() gives the flat parameter its gradient"
         beta1, beta2 = group["betas"]
         with torch.no_grad():
             state["step"] += 1
@@ -176,6 +180,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
 
     # torch.optim.Optimizer wraps the step of its subclasses in its hook and profiler scope unless the step
     # is marked as wrapped already: this one calls the wrapped torch step whenever a hook is registered.
+    # ignored below: torch's marker attribute on a function
     step.hooked = True  # type: ignore[attr-defined]
 
     @torch.optim.Optimizer.profile_hook_step
@@ -185,6 +190,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
         self.flat.reattach()
         adam_step = torch.optim.Adam.step
         if getattr(adam_step, "hooked", False):
+            # ignored below: functools.wraps' attribute
             adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
         return adam_step(self, closure)
 
@@ -192,7 +198,7 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
 class FlatRMSprop(_FlatOptimizerMixin, torch.optim.RMSprop):
     """``torch.optim.RMSprop`` on a flat buffer of ``parameters``."""
 
-    def __init__(self, parameters: list[nn.Parameter], **kwargs: Any) -> None:
+    def __init__(self, parameters: Sequence[Tensor], **kwargs: Any) -> None:
         self.flat = FlatParameters(parameters)
         torch.optim.RMSprop.__init__(self, [self.flat.parameter], **kwargs)
 
@@ -222,13 +228,13 @@ def without_optimizers() -> Iterator[None]:
         _Building.optimizers = before
 
 
-def make_adam(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+def make_adam(parameters: Sequence[Tensor], **kwargs: Any) -> torch.optim.Optimizer | None:
     """Adam over a flat buffer of ``parameters`` (see the module docstring); None inside
     :func:`without_optimizers`."""
     return FlatAdam(parameters, **kwargs) if _Building.optimizers else None
 
 
-def make_rmsprop(parameters: list[nn.Parameter], **kwargs: Any) -> torch.optim.Optimizer | None:
+def make_rmsprop(parameters: Sequence[Tensor], **kwargs: Any) -> torch.optim.Optimizer | None:
     """RMSprop over a flat buffer of ``parameters``; None inside :func:`without_optimizers`."""
     return FlatRMSprop(parameters, **kwargs) if _Building.optimizers else None
 

@@ -38,7 +38,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import numpy as np
@@ -355,7 +355,8 @@ def _ready(handles: dict[int, tuple[int, int]], timeout: float | None) -> dict[i
             poller.register(fd, select.POLLIN)
         fired = [fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000.0)]
     else:  # Windows
-        fired = list(multiprocessing.connection.wait(list(owner), timeout))
+        # wait() gives back the objects it was given: here file descriptors
+        fired = cast(list[int], multiprocessing.connection.wait(list(owner), timeout))
     ready: dict[int, bool] = {}
     for fd in fired:
         worker, is_pipe = owner[fd]
@@ -442,7 +443,8 @@ class WorkerPool:
         queued: bool = False,
     ) -> None:
         self.start_method = choose_start_method(start_method)
-        self.context = multiprocessing.get_context(self.start_method)
+        # the start method's context (typeshed types get_context's result as BaseContext, which lacks Process)
+        self.context: Any = multiprocessing.get_context(self.start_method)
         if self.start_method == "forkserver" and preload:
             self.context.set_forkserver_preload(list(preload))
         self.num_workers, self.name, self.queued = int(num_workers), name, queued

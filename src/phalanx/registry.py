@@ -16,9 +16,33 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from typing import Any, Protocol
 
 from phalanx.errors import ConfigError
+
+
+class AlgorithmClass(Protocol):
+    """What this table reads of an algorithm class: the declarations of
+    :class:`phalanx.algos.base.Algorithm` (the table sits below the algorithms, so it names them by
+    this shape, not by import). Calling it builds the algorithm."""
+
+    name: str
+    config_class: type
+    on_policy: bool
+    action_spaces: tuple[type, ...]
+    observations: tuple[str, ...]
+    multi_agent: bool
+    recurrent_variant: str | None
+    vectorized_population: str | None
+    trainer: str
+    agent: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def check_spaces(self, observation_space: Any, action_space: Any) -> None: ...
+
+    def side_by_side(self, agents: list[Any]) -> Any: ...
+
 
 BUILTIN: dict[str, str] = {
     "ppo": "phalanx.algos.ppo:PPO",
@@ -52,8 +76,8 @@ def register_algorithm(algorithm: type) -> type:
     class, so that it can decorate the class statement. Registering the same class again (its module
     imported twice) is a no-op; a name phalanx or another class already has is a ConfigError."""
     name = getattr(algorithm, "name", None)
-    declared = isinstance(name, str) and name == name.lower() and name.strip() == name != ""
-    if not declared or not hasattr(algorithm, "config_class") or not hasattr(algorithm, "on_policy"):
+    declared = hasattr(algorithm, "config_class") and hasattr(algorithm, "on_policy")
+    if not (isinstance(name, str) and name == name.lower() and name.strip() == name != "" and declared):
         raise ConfigError(
             f"register_algorithm({algorithm!r}): an algorithm class declares its `name` (lower case, e.g. "
             "'reinforce'), its `config_class` and `on_policy`. Subclass phalanx.algos.base.Algorithm; see "
@@ -106,7 +130,7 @@ def resolve(target: str | type) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-def get_algorithm(name: str) -> type:
+def get_algorithm(name: str) -> AlgorithmClass:
     """The ``Algorithm`` class of ``name``."""
     return resolve(ALGORITHMS[canonical_name(name)])
 
@@ -116,7 +140,7 @@ def config_class(name: str) -> type:
     return get_algorithm(name).config_class
 
 
-def algorithm_class(name: str, hyperparameters: Any) -> type:
+def algorithm_class(name: str, hyperparameters: Any) -> AlgorithmClass:
     """The ``Algorithm`` class a run of ``name`` with these hyperparameters builds: the algorithm's own,
     or its ``recurrent_variant`` where the hyperparameters ask for a recurrent policy (the config of an
     algorithm with a recurrent variant has the ``recurrent`` field). Every place that builds an algorithm
@@ -159,18 +183,20 @@ def algorithms_reading(kind: str, action_space: Any = None) -> list[str]:
     return names
 
 
-def trainer_class(name: str) -> type:
-    """The trainer class that runs ``name`` (its ``trainer``)."""
+def trainer_class(name: str) -> Any:
+    """The trainer class that runs ``name`` (its ``trainer``; Any: imported by name, from a layer above)."""
     return resolve(get_algorithm(name).trainer)
 
 
-def agent_class(name: str) -> type:
-    """The agent class ``phalanx.load_agent`` gives for runs of ``name`` (its ``agent``)."""
+def agent_class(name: str) -> Any:
+    """The agent class ``phalanx.load_agent`` gives for runs of ``name`` (its ``agent``; Any: imported by
+    name, from a layer above)."""
     return resolve(get_algorithm(name).agent)
 
 
-def vectorized_population(name: str) -> type:
-    """The vectorized population class of ``name``; a ConfigError names the algorithms that have one."""
+def vectorized_population(name: str) -> Any:
+    """The vectorized population class of ``name``; a ConfigError names the algorithms that have one (Any:
+    imported by name, from a layer above)."""
     target = get_algorithm(name).vectorized_population
     if target is None:
         have = ", ".join(key for key in ALGORITHMS if get_algorithm(key).vectorized_population is not None)

@@ -21,7 +21,7 @@ It owns its networks and optimisers and exposes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
@@ -32,6 +32,9 @@ from phalanx.errors import ConfigError
 from phalanx.nets import ActionNoise, observation_kind
 from phalanx.optim import clip_grad_norm, gradients
 from phalanx.registry import algorithms_reading
+
+if TYPE_CHECKING:
+    from phalanx.buffers import RolloutBuffer, StepLayout
 
 
 class GradientGroup(Protocol):
@@ -48,6 +51,11 @@ class OnPolicy(Protocol):
 
     def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sampled actions of a (N, obs_dim) batch with their log-probabilities and values, each (N, ...)."""
+
+    def rollout_buffer(
+        self, horizon: int, num_envs: int, layout: StepLayout, device: torch.device
+    ) -> RolloutBuffer:
+        """The buffer a rollout of ``horizon`` steps of ``num_envs`` sub-envs is collected into."""
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor: ...
 
@@ -408,8 +416,8 @@ class PolyakPair:
     (``tau = 1``: a copy), as one foreach op over parameter lists cached at construction."""
 
     def __init__(self, target: nn.Module, source: nn.Module) -> None:
-        self.target = list(target.parameters())
-        self.source = list(source.parameters())
+        self.target: list[torch.Tensor] = list(target.parameters())
+        self.source: list[torch.Tensor] = list(source.parameters())
 
     @torch.no_grad()
     def update(self, tau: float) -> None:
@@ -425,7 +433,7 @@ class OffPolicyAlgorithm(Algorithm):
 
     on_policy = False
     config: OffPolicyConfig
-    extra_state = ("updates",)
+    extra_state: ClassVar[tuple[str, ...]] = ("updates",)
 
     def exploration_policy(self) -> ExplorationPolicy:
         raise NotImplementedError
@@ -437,4 +445,5 @@ class OffPolicyAlgorithm(Algorithm):
         """Uniform actions for the warm-up, in the normalised action space."""
         if isinstance(self.action_space, gym.spaces.Discrete):
             return torch.randint(int(self.action_space.n), (num_envs,), device=self.device)
+        assert self.action_space.shape is not None, "a Box (the other action spaces it acts in)"
         return torch.rand(num_envs, *self.action_space.shape, device=self.device) * 2 - 1

@@ -179,19 +179,32 @@ class TargetDraws(NamedTuple):
 
 
 class ActorCritic(Protocol):
-    """The networks the loss functions read: one algorithm's, or P members' (a leading member dimension)."""
+    """The networks the loss functions read: one algorithm's, or P members' (a leading member dimension).
+    Read-only members, so that a learner may hold a subclass (SAC's actor, a population's draws)."""
 
-    actor: nn.Module
-    actor_target: nn.Module
-    """DDPG's and TD3's target actor (SAC has none: its losses do not read it)."""
-    critic: EnsembleMLP
-    critic_target: EnsembleMLP
+    @property
+    def actor(self) -> nn.Module: ...
+
+    @property
+    def critic(self) -> EnsembleMLP: ...
+
+    @property
+    def critic_target(self) -> EnsembleMLP: ...
+
+
+class TargetActorCritic(ActorCritic, Protocol):
+    """DDPG's and TD3's networks: also the target actor (SAC has none: its losses do not read it)."""
+
+    @property
+    def actor_target(self) -> nn.Module: ...
 
 
 class EnsembleCriticLearner(ActorCritic, Protocol):
     """What :func:`ensemble_critic_update` needs of a learner: one algorithm, or P members at once."""
 
-    draws: Draws
+    @property
+    def draws(self) -> Draws: ...
+
     updates: int
 
     def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
@@ -294,7 +307,7 @@ def target_actions(actor_target: nn.Module, next_obs: Tensor, noise: Tensor | No
 
 
 def ddpg_critic_loss(
-    learner: ActorCritic, batch: ReplayBatch, draws: TargetDraws, hp: Any
+    learner: TargetActorCritic, batch: ReplayBatch, draws: TargetDraws, hp: Any
 ) -> tuple[Tensor, Tensor]:
     """DDPG's and TD3's critic loss: :func:`td_loss` with ``V(s')`` the target critics at the target
     action (:func:`target_actions`), reduced over the K critics (:func:`reduce_critics`)."""
@@ -330,6 +343,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
     ):
         super().__init__(config, observation_space, action_space, device)
         self.obs_dim = obs_dim(observation_space)
+        assert action_space.shape is not None, "a Box (action_spaces)"
         self.action_dim = int(action_space.shape[0])
         self.actor = self.make_actor().to(self.device)
         self.critic = EnsembleMLP(
@@ -363,6 +377,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
                 functools.partial(self.rule.critic_loss, self),
             )
             self.actor_gradient_step = GradientStep(
+                # ignored below: make_adam's optimiser, None only inside without_optimizers (no compile there)
                 self.actor_optimizer,  # type: ignore[arg-type]
                 [self.actor],
                 functools.partial(self.rule.actor_loss, self),
@@ -388,6 +403,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
                 return self.critic_gradient_step(batch, draws, hp)
         loss, q_mean = self.rule.critic_loss(self, batch, draws, hp)
+        assert self.critic_optimizer is not None, "a learning algorithm has its optimisers"
         self.minimise(loss, self.critic_optimizer)
         return loss.detach(), q_mean
 
@@ -396,6 +412,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             with torch.no_grad():
                 return self.actor_gradient_step(obs, noise, hp)
         loss, metrics = self.rule.actor_loss(self, obs, noise, hp)
+        assert self.actor_optimizer is not None, "a learning algorithm has its optimisers"
         self.minimise(loss, self.actor_optimizer)
         return loss.detach(), metrics
 

@@ -222,6 +222,7 @@ class DQN(OffPolicyAlgorithm):
 
     def __init__(self, config: DQNConfig, observation_space: gym.Space, action_space: gym.Space, device):
         super().__init__(config, observation_space, action_space, device)
+        assert isinstance(action_space, gym.spaces.Discrete), "check_spaces: Discrete actions"
         self.num_actions = int(action_space.n)
         encoder, feature_dim = feature_encoder(observation_space, config.encoder)
         self.q_network = QNetwork(
@@ -278,6 +279,7 @@ class DQN(OffPolicyAlgorithm):
                 loss, q_values = self.gradient_step(batch)
         else:
             loss, q_values = dqn_loss(self.q_network, self.q_target, batch, config.double)
+            assert self.optimizer is not None, "a learning algorithm has its optimiser"
             self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:

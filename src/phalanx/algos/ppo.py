@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import gymnasium as gym
 import torch
 from torch import nn
 
 from phalanx.algos.actor_critic_config import A2CConfig, ActorCriticConfig, PPOConfig
-from phalanx.algos.base import ActingModule, Algorithm, GradientGroup
+from phalanx.algos.base import ActingModule, Algorithm, GradientGroup, SideBySide
 from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
@@ -138,7 +138,8 @@ def actor_critic_loss(
         policy_loss = -(log_probs * advantages).mean(dim=-1)
     else:  # the clipped surrogate -min(r*A, clip(r, 1-e, 1+e)*A)
         low, high = _like(1 - config.clip_range, ratio), _like(1 + config.clip_range, ratio)
-        surrogate = torch.min(ratio * advantages, ratio.clamp(low, high) * advantages)
+        # low and high are both floats or both tensors (one hyperparameter), a pair no overload of clamp names
+        surrogate = torch.min(ratio * advantages, ratio.clamp(low, high) * advantages)  # type: ignore[arg-type]
         policy_loss = -surrogate.mean(dim=-1)
     value_loss = _value_loss(value(batch.critic_obs), batch.old_values, batch.returns, config.clip_value)
     entropy_mean = entropy.mean(dim=-1)
@@ -163,7 +164,7 @@ def _value_loss(
     errors = (values - returns).pow(2)
     if clip_value is not None:
         clip = _like(clip_value, values)
-        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        clipped = old_values + (values - old_values).clamp(-clip, clip)  # type: ignore[arg-type]  # as above
         pessimum = torch.max(errors, (clipped - returns).pow(2))
         errors = torch.where(torch.isfinite(clip), pessimum, errors) if isinstance(clip, Tensor) else pessimum
     return 0.5 * errors.mean(dim=-1)
@@ -398,10 +399,10 @@ def minibatch_size(config: ActorCriticConfig) -> int | None:
 
 class PPO(Algorithm):
     name = "ppo"
-    config_class = PPOConfig
+    config_class: ClassVar[type[ActorCriticConfig]] = PPOConfig
     on_policy = True
-    recurrent_variant = "phalanx.algos.recurrent:RecurrentPPO"
-    vectorized_population = "phalanx.population.vectorized:VectorizedPPO"
+    recurrent_variant: ClassVar[str | None] = "phalanx.algos.recurrent:RecurrentPPO"
+    vectorized_population: ClassVar[str | None] = "phalanx.population.vectorized:VectorizedPPO"
     config: PPOConfig
     action_spaces = (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete)
     observations = ("flat", "image", "dict")
@@ -465,6 +466,7 @@ class PPO(Algorithm):
         if isinstance(action_space, gym.spaces.MultiDiscrete):
             nvec = multi_discrete_sizes(action_space)
             return MultiCategoricalPolicy(features, nvec, config.hidden_sizes, config.activation, encoder)
+        assert action_space.shape is not None, "a Box (the action spaces PPO acts in)"
         return GaussianPolicy(
             features,
             int(action_space.shape[0]),
@@ -474,7 +476,7 @@ class PPO(Algorithm):
             encoder,
         )
 
-    def make_optimizer(self) -> torch.optim.Optimizer:
+    def make_optimizer(self) -> torch.optim.Optimizer | None:
         return make_adam(self.parameters, lr=self.config.learning_rate, eps=1e-5)
 
     def rollout_buffer(
@@ -507,12 +509,13 @@ class PPO(Algorithm):
         actions, _ = self.policy.sample(obs)
         return actions
 
-    def acting_module(self, stochastic: bool = False) -> PolicyHeadActing:
+    def acting_module(self, stochastic: bool = False) -> ActingModule:
         return PolicyHeadActing(self.policy, stochastic)
 
     @classmethod
-    def side_by_side(cls, agents: list[Algorithm]) -> MemberActor:
+    def side_by_side(cls, agents: list[Algorithm]) -> SideBySide | Any:
         """The k policies as one ensemble: one batched forward for all k blocks of rows."""
+        # ignored below: the agents are this class's (PPOs): they have a policy
         return MemberActor.of([agent.policy for agent in agents])  # type: ignore[attr-defined]
 
     # -- learning --------------------------------------------------------------------------------
@@ -555,6 +558,7 @@ class PPO(Algorithm):
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, torch.Tensor]:
         """:func:`ppo_update` on the rollout's flat samples (:class:`FlatSampler`)."""
         config = self.config
+        assert self.optimizer is not None, "a learning algorithm has its optimiser"
         self.anneal_learning_rate(progress)
         horizon, num_envs = rollout.rewards.shape
         with torch.no_grad():  # the value of each step's true next observation (or global state)
@@ -575,6 +579,7 @@ class PPO(Algorithm):
         """With ``anneal_lr``: the learning rate falls linearly to 0 at ``progress`` 1."""
         config = self.config
         if config.anneal_lr:
+            assert self.optimizer is not None, "a learning algorithm has its optimiser"
             for group in self.optimizer.param_groups:
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
 
@@ -586,9 +591,10 @@ class A2C(PPO):
     config_class = A2CConfig
     recurrent_variant = "phalanx.algos.recurrent:RecurrentA2C"
     vectorized_population = None
-    config: A2CConfig
+    # A2C's config is not a PPOConfig: the PPO methods A2C runs read only the fields both have
+    config: A2CConfig  # type: ignore[assignment]
 
-    def make_optimizer(self) -> torch.optim.Optimizer:
+    def make_optimizer(self) -> torch.optim.Optimizer | None:
         config = self.config
         return make_rmsprop(
             self.parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps

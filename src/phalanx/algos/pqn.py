@@ -131,6 +131,8 @@ class EpsilonGreedyQ(nn.Module):
     that the compiled rollout step draws it eagerly as the eager one does.
     """
 
+    decay: Tensor
+
     def __init__(self, q_network: nn.Module, num_actions: int, config: PQNConfig) -> None:
         super().__init__()
         self.q_network = q_network
@@ -211,6 +213,7 @@ class PQN(Algorithm):
         self, config: PQNConfig, observation_space: gym.Space, action_space: gym.Space, device: torch.device
     ) -> None:
         super().__init__(config, observation_space, action_space, device)
+        assert isinstance(action_space, gym.spaces.Discrete), "check_spaces: Discrete actions"
         self.num_actions = int(action_space.n)
         encoder, feature_dim = feature_encoder(observation_space, config.encoder)
         self.q_network = QNetwork(
@@ -276,6 +279,7 @@ class PQN(Algorithm):
 
     def update(self, rollout: RolloutBuffer, progress: float) -> dict[str, Tensor]:
         config = self.config
+        assert self.optimizer is not None, "a learning algorithm has its optimiser"
         if config.anneal_lr:  # linearly to 0 at the end of the budget
             for group in self.optimizer.param_groups:
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)

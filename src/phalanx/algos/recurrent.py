@@ -39,7 +39,7 @@ agents act through it). :class:`RecurrentActing` is the export form: memory in, 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import gymnasium as gym
 import torch
@@ -111,6 +111,7 @@ class RecurrentActorCritic(nn.Module):
                 hidden, multi_discrete_sizes(action_space), config.hidden_sizes, config.activation
             )
         else:
+            assert action_space.shape is not None, "a Box (the other action spaces it acts in)"
             self.policy = GaussianPolicy(
                 hidden,
                 int(action_space.shape[0]),
@@ -129,7 +130,10 @@ class RecurrentActorCritic(nn.Module):
         LSTM/GRU, as ``nn.LSTMCell`` / ``nn.GRUCell`` compute it (their op, on ``rnn``'s weights: faster
         than ``rnn`` on a sequence of one step)."""
         rnn = self.rnn
-        weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+        weights = cast(  # the LSTM's or GRU's parameters (nn.Module types them Tensor | Module)
+            "tuple[Tensor, Tensor, Tensor, Tensor]",
+            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0),
+        )
         if self.kind == "lstm":
             hidden, cell = torch.lstm_cell(features, (memory[:, 0], memory[:, 1]), *weights)
             return hidden, torch.stack((hidden, cell), dim=1)
@@ -286,6 +290,7 @@ class RecurrentPPO(PPO):
 
     # -- acting ----------------------------------------------------------------------------------
     @torch.no_grad()
+    # ignored below: explore takes the memory and episode starts as well: a recurrent policy's
     def explore(  # type: ignore[override]
         self, obs: Tensor, memory: Tensor, episode_starts: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -325,6 +330,7 @@ class RecurrentPPO(PPO):
 
     @classmethod
     def side_by_side(cls, agents: list[Algorithm]) -> RecurrentSideBySide:
+        # ignored below: the agents are RecurrentPPOs, which RecurrentSideBySide reads
         return RecurrentSideBySide(agents)  # type: ignore[arg-type]
 
     # -- learning --------------------------------------------------------------------------------
@@ -341,6 +347,7 @@ class RecurrentPPO(PPO):
         batch."""
         memory = cast(RecurrentRolloutBuffer, rollout)
         config = self.config
+        assert self.optimizer is not None, "a learning algorithm has its optimiser"
         self.anneal_learning_rate(progress)
         horizon, num_envs = rollout.rewards.shape
         with torch.no_grad():
@@ -442,7 +449,7 @@ class RecurrentA2C(RecurrentPPO, A2C):
 
     name = "a2c"
     config_class = A2CConfig
-    config: A2CConfig  # type: ignore[assignment]
+    config: A2CConfig
 
 
 class RecurrentActing(ActingModule):

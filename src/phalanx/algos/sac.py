@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
@@ -150,6 +150,9 @@ class SACLearner(EnsembleCriticLearner, Protocol):
     alpha: torch.Tensor
     target_entropy: float | torch.Tensor
 
+    @property
+    def actor(self) -> SquashedGaussianActor: ...
+
     def step_alpha(self, gradient: torch.Tensor) -> None:
         """One optimiser step of log(alpha) on its loss's closed-form ``gradient``."""
 
@@ -160,6 +163,7 @@ def sac_critic_loss(
     """SAC's critic loss: :func:`~phalanx.algos.ddpg.td_loss` towards the soft target, ``V(s')`` the K
     target critics at a sampled action ``a' ~ pi(.|s')`` reduced (min, mean, REDQ's subset) minus
     ``alpha * log pi(a'|s')``."""
+    assert draws.noise is not None, "SAC's rule draws the noise of the target actions"
     with torch.no_grad():
         next_actions, next_log_probs = learner.actor.sample(batch.next_obs, draws.noise)
         q_next = q_values(learner.critic_target, batch.next_obs, next_actions)  # (K, B)
@@ -173,6 +177,7 @@ def sac_actor_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAC's actor loss ``alpha * log pi(a|s) - mean_k Q_k(s, a)`` for the action ``a`` of ``noise``;
     metrics: the entropy, and the log-probabilities for :func:`sac_alpha_step`."""
+    assert noise is not None, "SAC's rule draws the noise of the actor's actions"
     actions, log_probs = learner.actor.sample(obs, noise)
     q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
     loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
@@ -204,8 +209,9 @@ SAC_RULE = LearningRule(
 class SAC(EnsembleCriticAlgorithm):
     name = "sac"
     config_class = SACConfig
-    vectorized_population = "phalanx.population.vectorized_off_policy:VectorizedSAC"
+    vectorized_population: ClassVar[str | None] = "phalanx.population.vectorized_off_policy:VectorizedSAC"
     config: SACConfig
+    actor: SquashedGaussianActor  # make_actor's
     extra_state = ("updates", "log_alpha")
     rule = SAC_RULE
 
@@ -241,6 +247,7 @@ class SAC(EnsembleCriticAlgorithm):
 
     def step_alpha(self, gradient: torch.Tensor) -> None:
         self.log_alpha.grad = gradient
+        assert self.alpha_optimizer is not None, "a learning algorithm has its optimisers"
         self.optimizer_step(self.alpha_optimizer)
 
 

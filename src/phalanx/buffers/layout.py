@@ -27,6 +27,7 @@ def storage_dtype(space: gym.Space) -> torch.dtype:
 def action_storage(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
     """How a buffer stores actions of ``action_space``: their shape, and int64 (discrete) or float32."""
     integer_actions = isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+    assert action_space.shape is not None, f"an action space has a shape: {action_space}"
     return action_space.shape, torch.int64 if integer_actions else torch.float32
 
 

@@ -53,7 +53,7 @@ class RolloutBuffer:
         self.action_shape, self.action_dtype = layout.action_shape, layout.action_dtype
         self.device = torch.device(device)
         steps = (horizon, num_envs)
-        float32 = dict(dtype=torch.float32, device=self.device)
+        float32: dict[str, Any] = dict(dtype=torch.float32, device=self.device)
         # (T, N, *obs_shape)
         self.obs = torch.zeros(*steps, *self.obs_shape, dtype=self.obs_dtype, device=self.device)
         self.actions = torch.zeros(*steps, *self.action_shape, dtype=self.action_dtype, device=self.device)

@@ -28,13 +28,20 @@ IMPORT_FLAGS = ("--import", "--imports")
 """The spellings of the flag that names the modules to import (``TrainConfig.imports``)."""
 
 
+RUN_TIME_ANNOTATED: Any = Annotated
+"""``typing.Annotated`` for the field types built at run time for tyro (typed Any: mypy reads a subscript
+of it as a static type, which these are not)."""
+DISALLOW_NONE: Any = tyro.conf.DisallowNone
+"""tyro's ``DisallowNone`` marker, for the same run-time field types."""
+
+
 def cli_config_class(algorithm: Any) -> type:
     """TrainConfig with the algorithm's own hyperparameter class, so tyro generates its flags.
 
     A ``bool | None`` setting (None: decided by the run, e.g. ``compile``) is a pair of flags,
     ``--compile`` / ``--no-compile``, absent: None, instead of tyro's ``--compile {None,True,False}``."""
     optional_flags = [
-        (name, tyro.conf.DisallowNone[bool | None], dataclasses.field(default=None))
+        (name, DISALLOW_NONE[bool | None], dataclasses.field(default=None))
         for name, kind in typing.get_type_hints(TrainConfig).items()
         if kind == bool | None
     ]
@@ -133,7 +140,7 @@ def _list_flags(cls: type) -> dict[str, str]:
         if typing.get_origin(kind) is Annotated:
             kind, *extras = typing.get_args(kind)
             metadata = tuple(extras)
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             flags.update(_list_flags(kind))
         elif typing.get_origin(kind) in (tuple, list):
             aliases = [alias for extra in metadata for alias in getattr(extra, "aliases", None) or ()]
@@ -254,6 +261,7 @@ def train_usage(prog: str) -> str:
 def field_docs(cls: type) -> dict[str, str]:
     """The docstrings under a dataclass's fields (the text the config modules document them with)."""
     tree = ast.parse(inspect.getsource(cls))
+    assert isinstance(tree.body[0], ast.ClassDef), "the source of a class is its class statement"
     body = tree.body[0].body
     docs = {}
     for statement, following in zip(body, body[1:], strict=False):

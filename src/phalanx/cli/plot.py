@@ -74,7 +74,11 @@ def cmd_plot(argv: list[str]) -> int:
     for column in ("runs", "x range", "final mean", "interval at the end"):
         table.add_column(column, justify="right")
     for group in result.groups:
-        spread = "-" if group.low is None else f"{group.low[-1]:,.4g} .. {group.high[-1]:,.4g}"
+        spread = (
+            "-"
+            if group.low is None or group.high is None
+            else f"{group.low[-1]:,.4g} .. {group.high[-1]:,.4g}"
+        )
         table.add_row(
             escape(group.name),
             str(group.n),

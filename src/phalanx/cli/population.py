@@ -16,7 +16,7 @@ import tyro
 from rich.console import Console
 from rich.markup import escape
 
-from phalanx.cli.arguments import command_flags, field_docs, parse_train_args
+from phalanx.cli.arguments import RUN_TIME_ANNOTATED, command_flags, field_docs, parse_train_args
 from phalanx.cli.output import console
 from phalanx.config import coerce, load_yaml
 from phalanx.config.specs import split_name
@@ -49,7 +49,9 @@ def population_cli_class(data: dict[str, Any], where: str = "population config")
                 continue
             default = coerce(source, f.name, values[f.name], where) if f.name in values else f.default
             aliases = ("--dir",) if f.name == "directory" else ()
-            annotation = Annotated[types[f.name], tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
+            annotation = RUN_TIME_ANNOTATED[
+                types[f.name], tyro.conf.arg(help=docs.get(f.name), aliases=aliases)
+            ]
             fields.append((f.name, annotation, dataclasses.field(default=default)))
     mutate_help = (
         "NAME=KIND:ARGS (repeatable; the kinds given for one NAME combine), e.g. "

@@ -13,24 +13,32 @@ import tyro
 from rich.console import Console
 from rich.markup import escape
 
-from phalanx.cli.arguments import command_flags, field_docs, parse_train_args
+from phalanx.cli.arguments import (
+    DISALLOW_NONE,
+    RUN_TIME_ANNOTATED,
+    command_flags,
+    field_docs,
+    parse_train_args,
+)
 from phalanx.cli.output import console
 from phalanx.config.specs import split_name
 from phalanx.train.interrupts import exit_code as interrupted_exit_code
-from phalanx.tuning import TuneConfig, TuneFailed, TuneInterrupted, run_tuning
+from phalanx.tuning import Dimension, TuneConfig, TuneFailed, TuneInterrupted, run_tuning
 
 
 def tune_cli_class() -> type:
     """The tune flags, from the TuneConfig fields (each documented once there); ``--trials`` is required,
     ``--search`` repeatable."""
     types, docs = typing.get_type_hints(TuneConfig), field_docs(TuneConfig)
-    fields: list[tuple[str, Any, Any]] = [("trials", Annotated[int, tyro.conf.arg(help=docs["trials"])])]
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [
+        ("trials", Annotated[int, tyro.conf.arg(help=docs["trials"])])
+    ]
     for f in dataclasses.fields(TuneConfig):
         if f.name in ("base", "trials", "search"):
             continue
         aliases = ("--dir",) if f.name == "directory" else ()
-        kind = tyro.conf.DisallowNone[types[f.name]] if f.default is None else types[f.name]  # absent: None
-        annotation = Annotated[kind, tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
+        kind = DISALLOW_NONE[types[f.name]] if f.default is None else types[f.name]  # absent: None
+        annotation = RUN_TIME_ANNOTATED[kind, tyro.conf.arg(help=docs.get(f.name), aliases=aliases)]
         fields.append((f.name, annotation, dataclasses.field(default=f.default)))
     search_help = (
         "NAME=KIND:ARGS (repeatable; default: the algorithm's search space), e.g. "
@@ -55,7 +63,7 @@ def parse_tune_args(argv: list[str]) -> TuneConfig:
         "set every trial's base config (see docs/tuning.md).",
     )
     base = parse_train_args(positional + train_args, prog="phalanx tune")
-    search: dict[str, str] = {}
+    search: dict[str, str | Dimension] = {}
     for spec in flags.search:
         name, dimension = split_name(spec, "--search", "learning_rate=log:1e-5,1e-3")
         search[name] = dimension

@@ -247,8 +247,9 @@ class TrainConfig:
         self._check_count("checkpoint_every", 0)
         minutes = self.checkpoint_every_minutes
         number = isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
-        expected = "a number of minutes >= 0 (0: off)"
-        check(number and minutes >= 0, "checkpoint_every_minutes", minutes, expected)
+        check(
+            number and minutes >= 0, "checkpoint_every_minutes", minutes, "a number of minutes >= 0 (0: off)"
+        )
 
         self._check_count("keep_checkpoints", 1, ">= 1 (the latest checkpoint is needed to resume)")
         self._check_count("log_every", 0)

@@ -29,11 +29,15 @@ class ActionMap(torch.nn.Module):
     and starts are buffers), so that it is part of an exported graph.
     """
 
+    low: Tensor  # buffers: low and high of a Box, start of a Discrete or MultiDiscrete
+    high: Tensor
+    start: Tensor
+
     def __init__(self, space: gym.Space) -> None:
         super().__init__()
         self.continuous = isinstance(space, gym.spaces.Box)
         self.integer = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
-        if self.continuous:
+        if isinstance(space, gym.spaces.Box):  # self.continuous
             if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
                 raise ConfigError(
                     f"the action space {space} has infinite bounds: an agent acts in [-1, 1], which has no "
@@ -41,7 +45,7 @@ class ActionMap(torch.nn.Module):
                 )
             self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-        elif self.integer:
+        elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):  # self.integer
             self.register_buffer("start", torch.as_tensor(np.asarray(space.start), dtype=torch.int64))
 
     def forward(self, actions: Tensor) -> Tensor:

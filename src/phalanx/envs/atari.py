@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -106,9 +106,9 @@ class EpisodicLife(gym.Wrapper):
         self.lost_life = False
         """The last step ended the episode at a lost life, the game not over: reset continues it."""
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = self.env.unwrapped.ale.lives()
+        lives = _game(self.env).ale.lives()
         self.lost_life = not (terminated or truncated) and 0 < lives < self.lives
         self.lives = lives
         return obs, reward, terminated or self.lost_life, truncated, info
@@ -121,7 +121,7 @@ class EpisodicLife(gym.Wrapper):
                 obs, info = self.env.reset(**kwargs)
         else:
             obs, info = self.env.reset(**kwargs)
-        self.lives = self.env.unwrapped.ale.lives()
+        self.lives = _game(self.env).ale.lives()
         return obs, info
 
 
@@ -140,8 +140,13 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
-def _sign(reward: float) -> float:
-    return float(np.sign(reward))
+def _sign(reward: SupportsFloat) -> float:
+    return float(np.sign(float(reward)))
+
+
+def _game(env: gym.Env) -> Any:
+    """The ale_py game under ``env``'s wrappers (Any: ale_py is an optional package)."""
+    return env.unwrapped
 
 
 @dataclass(frozen=True, repr=False)
@@ -177,7 +182,7 @@ class AtariGame:
         env = gym.wrappers.RecordEpisodeStatistics(env)  # the game: unclipped, over all lives
         if self.episodic_life:
             env = EpisodicLife(env)
-        meanings = env.unwrapped.get_action_meanings()
+        meanings = _game(env).get_action_meanings()
         if len(meanings) >= 3 and meanings[1] == "FIRE":
             env = FireReset(env)
         if self.clip_reward:

@@ -9,7 +9,7 @@ part shared with the multi-agent simulators (``phalanx.marl.core.BatchedMultiAge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
@@ -36,6 +36,7 @@ class BatchedBookkeeping(Generic[PerRow]):
     state_names: tuple[str, ...] = ()
     num_envs: int
     device: torch.device
+    step_with_noise: Callable[..., Any]  # the simulator's step as a function of its draws (subclasses')
 
     # -- to implement ----------------------------------------------------------------------------
     def _reset_rows(self, mask: Tensor) -> None:

@@ -167,6 +167,7 @@ class CheckerBase:
             f"{self.name} breaks the {self.contract_title} ({count}; see {contract_module} for the "
             "contract):\n" + "\n".join(f"- {line}" for line in lines)
         )
+        # ignored below: attributes the report adds to the error, for callers that read them
         error.violations = lines  # type: ignore[attr-defined]
         error.warnings = list(self.warnings)  # type: ignore[attr-defined]
         raise error

@@ -239,6 +239,7 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
         copied."""
         if self._obs_is_discrete:
             index = torch.from_numpy(np.asarray(obs, dtype=np.int64) - self._obs_start)
+            assert self.single_observation_space.shape is not None, "a one-hot Box of the Discrete one"
             return torch.nn.functional.one_hot(index, self.single_observation_space.shape[0]).to(
                 self.device, torch.float32
             )
@@ -257,6 +258,7 @@ class EnvPoolVecEnv(StatisticsCheckpoint, VecEnv):
                 "Pass one action per sub-env."
             )
         if self._discrete_act:
+            assert isinstance(self.single_action_space, gym.spaces.Discrete)
             low, count = int(self.single_action_space.start), int(self.single_action_space.n)
             if actions.min() < low or actions.max() >= low + count:
                 index = int(np.flatnonzero((actions < low) | (actions >= low + count))[0])

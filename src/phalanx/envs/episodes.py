@@ -93,7 +93,10 @@ def concat_transitions(
     parts: list[tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
     """The step results of several VecEnvs as one: every array concatenated along the row dimension."""
-    obs, reward, terminated, truncated = (torch.cat([part[i] for part in parts]) for i in range(4))
+    obs = torch.cat([part[0] for part in parts])
+    reward = torch.cat([part[1] for part in parts])
+    terminated = torch.cat([part[2] for part in parts])
+    truncated = torch.cat([part[3] for part in parts])
     info = {key: torch.cat([part[4][key] for part in parts]) for key in _CONTRACT_INFO}
     if any("_episode_return" in part[4] for part in parts):
         info["_episode_return"] = torch.cat([episode_ends(part[4]) for part in parts])

@@ -14,7 +14,7 @@ steps them in worker processes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -57,7 +57,7 @@ def _extra_for(env_id: str, error: BaseException) -> str | None:
     return None
 
 
-class _ApiCheck(gym.Wrapper):
+class ApiCheck(gym.Wrapper):
     """Turns the old gym API (4-tuple step, bare-obs reset) into a clear EnvError at the first call."""
 
     def __init__(self, env: gym.Env, name: str) -> None:
@@ -100,7 +100,7 @@ def env_name(env: str | EnvFactory) -> str:
     return env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
 
 
-def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> gym.Env:
+def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> ApiCheck:
     """One Gymnasium env from an id or factory, behind the API check; errors say what is missing."""
     name = env_name(env)
     unavailable = gymnasium_unavailable(env) if isinstance(env, str) else None
@@ -142,7 +142,7 @@ def make_gym_env(env: str | EnvFactory, make_kwargs: dict[str, Any]) -> gym.Env:
             "is an env of the old `gym` package, wrap it with shimmy's GymV26CompatibilityV0 "
             "(`pip install shimmy`) or port it to Gymnasium >= 1."
         )
-    return _ApiCheck(inner, name)
+    return ApiCheck(inner, name)
 
 
 class GymnasiumAdapter(VecEnv):
@@ -186,6 +186,7 @@ class GymnasiumAdapter(VecEnv):
         self._obs_space = obs_space
         self._obs_dtype = observation_dtype(single_obs)
         self._integer_act = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        assert act_space.shape is not None, f"{act_space} has a shape (_convert_space checked it)"
         self._action_shape = (
             (self.num_envs,)
             if isinstance(act_space, gym.spaces.Discrete)
@@ -377,7 +378,8 @@ class GymnasiumVecEnv(GymnasiumAdapter):
     def render_frame(self, index: int = 0) -> np.ndarray:
         """The rgb array of sub-env ``index`` (requires ``render_mode="rgb_array"``)."""
         self._check_index(index)
-        return self.envs.envs[index].render()
+        frame = self.envs.envs[index].render()
+        return cast(np.ndarray, frame)  # an rgb_array env (checked above) renders an array
 
     def render(self) -> tuple[Any, ...]:
         return self.envs.render()

@@ -53,6 +53,7 @@ def gymnasium_unavailable(env_id: str) -> str | None:
                 "shimmy in a factory of yours and register that with phalanx.envs.register_env"
             )
         return None
+    assert isinstance(entry_point, str), f"a registered id has an entry point: {env_id}"
     package = entry_point.partition(":")[0].partition(".")[0]  # found without importing anything
     if importlib.util.find_spec(package) is not None:
         return None  # (Gymnasium's optional simulators: gymnasium_extra says what they need)

@@ -529,6 +529,8 @@ class BraxVecEnv(JaxVecEnv):
         self.env = env
         observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(int(observation_size),), dtype=np.float32)
         action_size = int(env.action_size)
+        low: np.ndarray | float
+        high: np.ndarray | float
         try:
             control_range = np.asarray(env.sys.actuator.ctrl_range, dtype=np.float32)
             low, high = control_range[:, 0], control_range[:, 1]

@@ -233,6 +233,7 @@ class MemberNormalizeObservation(NormalizeObservation):
     def normalize(self, obs: Tensor) -> Tensor:
         obs = obs if obs.is_floating_point() else obs.float()
         normalized = self.statistics.normalize(self._by_member(obs), self.epsilon)  # (N, P, *obs_shape)
+        assert self.clip is not None, "a population's observations are clipped (the default clip)"
         return normalized.transpose(0, 1).reshape(obs.shape).clamp_(-self.clip, self.clip)
 
 
@@ -322,10 +323,12 @@ class MemberScaleReward(ScaleReward):
         self, obs: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         by_member = (self.num_members, -1)
+        # ignored below: a (P,) tensor where ScaleReward has a float (see __init__)
         gamma: Tensor = self.gamma  # type: ignore[assignment]
         self.returns = (self.returns.view(by_member) * gamma.unsqueeze(1)).view(-1) + reward
         self.statistics.update(self.returns.view(by_member).T)  # (N, P)
         scale = torch.sqrt(self.statistics.var + self.epsilon).to(reward.dtype)  # (P,)
+        assert self.clip is not None, "a population's rewards are clipped (clip is a float here)"
         scaled = (reward.view(by_member) / scale.unsqueeze(1)).view(-1).clamp(-self.clip, self.clip)
         self.returns.masked_fill_(terminated | truncated, 0.0)
         return obs, scaled, terminated, truncated, info

@@ -102,7 +102,7 @@ class FrameStack(VecEnvWrapper):
         if len(shape) == 3:  # an image: stack along the channels
             channels_last = shape[-1] <= 4 < shape[0]
             self.axis = 2 if channels_last else 0
-            self.frame_shape = shape
+            self.frame_shape: tuple[int, ...] = shape
         else:  # a new leading axis of size 1 per frame
             self.axis = 0
             self.frame_shape = (1, *shape)

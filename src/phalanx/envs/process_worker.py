@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 
 from phalanx.envs.core import flat_observation
-from phalanx.envs.gymnasium import EnvFactory, env_name, env_spaces, make_gym_env
+from phalanx.envs.gymnasium import ApiCheck, EnvFactory, env_name, env_spaces, make_gym_env
 from phalanx.errors import EnvError
 from phalanx.pool import OK, WorkerSide, WorkerTask, frame
 
@@ -51,7 +51,7 @@ class EnvWorker(WorkerTask):
         self.statistics_from_info = statistics_from_info
         self.flat_space = spaces[0] if isinstance(spaces[0], gym.spaces.Dict) else None
         """A Dict observation space: observations are flattened into the shared buffers."""
-        self.envs: list[gym.Env] = []
+        self.envs: list[ApiCheck] = []
 
     def start(self, worker: WorkerSide) -> None:
         """Views of this worker's rows of the shared buffers, and its sub-envs, checked to have the spaces

@@ -199,6 +199,7 @@ class ProcessVecEnv(GymnasiumAdapter):
 
     @contextlib.contextmanager
     def _progress_locked(self) -> Any:
+        assert self._pool.lock is not None, "the pool of a ProcessVecEnv has the lock"
         if not self._pool.lock.acquire(timeout=self.step_timeout):  # only if a worker died holding it
             self.close()
             raise EnvError(

@@ -96,6 +96,7 @@ def observation_shape(space: gym.Space) -> tuple[int, ...]:
     ``(flatdim,)``)."""
     if isinstance(space, gym.spaces.Dict):
         return (int(gym.spaces.flatdim(space)),)
+    assert space.shape is not None, f"a tensor space has a shape: {space}"
     return tuple(space.shape)
 
 
@@ -115,4 +116,5 @@ def action_layout(
         return (num_envs,), integer_dtype
     if isinstance(space, gym.spaces.MultiDiscrete):
         return (num_envs, *space.shape), integer_dtype
+    assert space.shape is not None, f"an action space has a shape: {space}"
     return (num_envs, *space.shape), torch.float32

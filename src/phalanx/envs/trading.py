@@ -355,6 +355,7 @@ class StockTradingVecEnv(BatchedVecEnv):
         )
         delta = target / price  # (N, S) shares wanted
         if self.turbulence is not None:
+            assert self.turbulence_threshold is not None, "turbulence is computed for the threshold"
             turbulent = (self.turbulence.index_select(0, self.bar) > self.turbulence_threshold).unsqueeze(1)
             delta = torch.where(turbulent, -holdings, delta)  # close every position, open none
 
@@ -412,6 +413,7 @@ class StockTradingVecEnv(BatchedVecEnv):
         )  # (N, S, 2 + F)
         parts = [cash_fraction.to(torch.float32), log_value.to(torch.float32), per_stock.flatten(1)]
         if self.turbulence is not None:
+            assert self.turbulence_threshold is not None, "turbulence is computed for the threshold"
             parts.append((self.turbulence.index_select(0, self.bar) / self.turbulence_threshold).unsqueeze(1))
         return torch.cat(parts, dim=1)
 

@@ -34,6 +34,9 @@ class VecEnvWrapper(VecEnv):
     state under ``"env"``.
     """
 
+    _check_every: int  # set by compile(): the NanGuard's steps between checks, and the steps since one
+    _unchecked_steps: int
+
     def __init__(self, env: VecEnv) -> None:
         if not isinstance(env, VecEnv):
             raise ConfigError(
@@ -85,6 +88,7 @@ class VecEnvWrapper(VecEnv):
         return self._transition(*self.env.step_with_noise(self._action(actions), noise))
 
     @property
+    # ignored below: a property here where VecEnv has a class attribute
     def traceable(self) -> bool:  # type: ignore[override]
         """Whether :meth:`step_with_noise` traces as one graph: the wrapped env's does, and this wrapper
         works through the hooks (a wrapper that writes ``step`` itself is stepped eagerly)."""
@@ -144,6 +148,7 @@ class VecEnvWrapper(VecEnv):
             self.closed = True
 
     @property
+    # ignored below: the innermost VecEnv, where gymnasium's VectorEnv types unwrapped as itself
     def unwrapped(self) -> VecEnv:  # type: ignore[override]
         """The innermost env of the wrapper chain."""
         return self.env.unwrapped
@@ -152,6 +157,7 @@ class VecEnvWrapper(VecEnv):
     def state(self) -> Tensor:
         """The wrapped env's physical state (built-in simulators only)."""
         try:
+            # ignored below: the built-in simulators have a state; the AttributeError below says so
             return self.env.state  # type: ignore[attr-defined]
         except AttributeError:
             raise AttributeError(

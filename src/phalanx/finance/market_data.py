@@ -136,9 +136,9 @@ class MarketData:
     def _take(self, rows: slice | np.ndarray, columns: slice | list[int] = slice(None)) -> MarketData:
         close = np.ascontiguousarray(self.close[rows][:, columns])
 
-        def part(array: np.ndarray | None) -> np.ndarray | None:
-            if array is None or array is self.close:  # close-only data shares one array
-                return None if array is None else close
+        def part(array: np.ndarray) -> np.ndarray:
+            if array is self.close:  # close-only data shares one array
+                return close
             return np.ascontiguousarray(array[rows][:, columns])
 
         tickers = self.tickers[columns] if isinstance(columns, slice) else [self.tickers[i] for i in columns]
@@ -150,7 +150,7 @@ class MarketData:
             open=part(self.open),
             high=part(self.high),
             low=part(self.low),
-            volume=part(self.volume),
+            volume=None if self.volume is None else part(self.volume),
             missing={t: v for t, v in self.missing.items() if t in tickers},
         )
 

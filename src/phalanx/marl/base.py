@@ -98,7 +98,11 @@ class MultiAgentAlgorithm(Algorithm):
             "(see `phalanx envs`), not on a single-agent one."
         )
 
-    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
+    # overrides Algorithm.act with another signature: groups of observations (and action masks) in,
+    # groups of actions out, where a single-agent algorithm acts on one tensor
+    def act(  # type: ignore[override]
+        self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True
+    ) -> Groups:
         raise NotImplementedError
 
     def group_acting_module(self, group: str, stochastic: bool = False) -> ActingModule:

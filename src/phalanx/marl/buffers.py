@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from phalanx.buffers import NStepWindow
@@ -40,18 +41,19 @@ def _layout(spec: MultiAgentSpec, fields: tuple[str, ...]) -> dict[str, tuple[tu
             layout[field] = ((), torch.bool)
         else:
             for name, group in spec.groups.items():
-                agents = group.num_agents
+                agents, action_space = group.num_agents, group.action_space
+                shape: tuple[int, ...]
                 if field in ("obs", "next_obs"):
                     shape, dtype = (agents, int(group.observation_space.shape[0])), torch.float32
                 elif field == "actions":
-                    if group.discrete:
+                    if isinstance(action_space, gym.spaces.Discrete):  # group.discrete
                         shape, dtype = (agents,), torch.int64
                     else:
-                        shape, dtype = (agents, int(group.action_space.shape[0])), torch.float32
+                        shape, dtype = (agents, int(action_space.shape[0])), torch.float32
                 elif field in ("action_mask", "next_action_mask"):
-                    if not (spec.has_action_mask and group.discrete):
+                    if not (spec.has_action_mask and isinstance(action_space, gym.spaces.Discrete)):
                         continue
-                    shape, dtype = (agents, int(group.action_space.n)), torch.bool
+                    shape, dtype = (agents, int(action_space.n)), torch.bool
                 else:  # rewards, log_probs, values
                     shape, dtype = (agents,), torch.float32
                 layout[f"{field}/{name}"] = (shape, dtype)
@@ -236,13 +238,15 @@ class MultiAgentReplayBuffer(_Storage):
     def sample(self, batch_size: int, gamma: float, n_step: int = 1) -> MultiAgentBatch:
         """A uniform batch of ``n_step``-step transitions (n-step returns stop at an episode end), each
         agent's rewards summed over the window as in :class:`~phalanx.buffers.ReplayBuffer`."""
+        terminated, truncated = self.field("terminated"), self.field("truncated")
+        assert isinstance(terminated, Tensor) and isinstance(truncated, Tensor), "plain fields"
         window = NStepWindow.sample(
             self,
             batch_size,
             gamma,
             n_step,
-            self.field("terminated"),
-            self.field("truncated"),
+            terminated,
+            truncated,
             "MultiAgentReplayBuffer",
         )
 
@@ -253,6 +257,7 @@ class MultiAgentReplayBuffer(_Storage):
             return None if value is None else value[slot, window.env]
 
         rewards = self.field("rewards")
+        assert isinstance(rewards, dict), "a per-agent field"
         return MultiAgentBatch(
             obs=take("obs", window.start),
             state=take("state", window.start),

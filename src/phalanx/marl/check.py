@@ -176,7 +176,11 @@ class _Checker(CheckerBase):
         return {name: () for name in self.groups}
 
     def mask_dims(self) -> dict[str, tuple[int, ...]]:
-        return {name: (int(g.action_space.n),) for name, g in self.groups.items() if g.discrete}
+        return {
+            name: (int(g.action_space.n),)
+            for name, g in self.groups.items()
+            if isinstance(g.action_space, gym.spaces.Discrete)  # g.discrete
+        }
 
     def check_state(self, where: str, state: Any) -> bool:
         if state is None:
@@ -239,7 +243,7 @@ class _Checker(CheckerBase):
             masks, actions = self.masks, {}
             for name, group in self.groups.items():
                 space = group.action_space
-                if group.discrete:
+                if isinstance(space, gym.spaces.Discrete):  # group.discrete
                     n = int(space.n)
                     mask = None if masks is None else masks.get(name)
                     if isinstance(mask, torch.Tensor) and mask.shape == (self.n, group.num_agents, n):
@@ -350,6 +354,7 @@ class _Checker(CheckerBase):
         final = info.get("final_state")
         if not self.check_state('step() info["final_state"]', final) or state is None:
             return
+        assert final is not None, "check_state passed"
         wrong = first_true(~done & ~equal_with_nan(final, state).all(dim=1).cpu())
         if wrong is not None:
             (row,) = wrong
@@ -365,6 +370,7 @@ class _Checker(CheckerBase):
         final = info.get("final_action_mask")
         if not self.check_masks('step() info["final_action_mask"]', final) or self.masks is None:
             return
+        assert final is not None, "check_masks passed"
         for name in self.mask_dims():
             wrong = self.not_ended_but_different(done, (final[name] == self.masks[name]).all(dim=2).cpu())
             if wrong is not None:

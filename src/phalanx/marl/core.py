@@ -161,7 +161,8 @@ def check_actions(env: MultiAgentVecEnv, actions: Any) -> Groups:
         value = actions[name]
         if not isinstance(value, torch.Tensor):
             value = torch.as_tensor(np.asarray(value))
-        if group.discrete:
+        shape: tuple[int, ...]
+        if isinstance(group.action_space, gym.spaces.Discrete):  # group.discrete
             shape, dtype = (env.num_envs, group.num_agents), torch.int64
         else:
             shape, dtype = (env.num_envs, group.num_agents, int(group.action_space.shape[0])), torch.float32
@@ -311,7 +312,7 @@ class MultiAgentSpec:
             observation_space = gym.spaces.Box(-np.inf, np.inf, (group["obs_dim"],), np.float32)
             action = group["action"]
             if action["kind"] == "discrete":
-                action_space: gym.Space = gym.spaces.Discrete(action["n"])
+                action_space: gym.spaces.Discrete | gym.spaces.Box = gym.spaces.Discrete(action["n"])
             else:
                 action_space = gym.spaces.Box(
                     np.asarray(action["low"], np.float32), np.asarray(action["high"], np.float32)
@@ -321,7 +322,7 @@ class MultiAgentSpec:
         return cls(groups, state_space, data["has_action_mask"])
 
 
-def _space_dict(space: gym.Space) -> dict[str, Any]:
+def _space_dict(space: gym.spaces.Discrete | gym.spaces.Box) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"kind": "discrete", "n": int(space.n)}
     return {"kind": "box", "low": space.low.tolist(), "high": space.high.tolist()}

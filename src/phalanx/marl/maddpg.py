@@ -23,8 +23,11 @@ either way a group's networks are a single :class:`~phalanx.nets.EnsembleMLP` (:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import gymnasium as gym
 import torch
 from torch import nn
 
@@ -38,7 +41,7 @@ from phalanx.marl.base import (
     with_agent_ids,
 )
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
+from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec, Tensor
 from phalanx.nets import EnsembleMLP
 from phalanx.optim import make_adam
 
@@ -112,23 +115,30 @@ class GroupActorActing(ActingModule):
         return torch.tanh(self.actor(obs)[0])
 
 
+def _action_dim(group: AgentGroup) -> int:
+    """The size of one agent's continuous action (MADDPG learns Box actions only: check_spec)."""
+    assert isinstance(group.action_space, gym.spaces.Box), "continuous actions (action_kinds)"
+    return int(group.action_space.shape[0])
+
+
 class MADDPG(MultiAgentAlgorithm):
     """Deterministic tanh actors per group, critics on the global state and every agent's action."""
 
     name = "maddpg"
-    config_class = MADDPGConfig
+    config_class: ClassVar[type[MADDPGConfig]] = MADDPGConfig
     on_policy = False
     action_kinds = ("continuous",)
     config: MADDPGConfig
     extra_state = ("updates",)
 
     # The K target critics reduce as in single-agent DDPG/TD3/REDQ (dim 0 of (K, B, A_g) here).
-    reduce_critics = EnsembleCriticAlgorithm.reduce_critics
-    set_critic_grad = EnsembleCriticAlgorithm.set_critic_grad
+    # EnsembleCriticAlgorithm's methods, which read only config, draws and the critics' parameters
+    reduce_critics: ClassVar[Callable[[Any, Tensor], Tensor]] = EnsembleCriticAlgorithm.reduce_critics
+    set_critic_grad: ClassVar[Callable[[Any, bool], None]] = EnsembleCriticAlgorithm.set_critic_grad
 
     def __init__(self, config: MADDPGConfig, spec: MultiAgentSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
-        self.action_dims = {name: int(group.action_space.shape[0]) for name, group in spec.groups.items()}
+        self.action_dims = {name: _action_dim(group) for name, group in spec.groups.items()}
         joint_dim = sum(group.num_agents * self.action_dims[name] for name, group in spec.groups.items())
         self.actor, self.critic = nn.ModuleDict(), nn.ModuleDict()
         for name, group in spec.groups.items():
@@ -159,7 +169,9 @@ class MADDPG(MultiAgentAlgorithm):
         return {name: torch.tanh(actor[name](obs[name])[0]) for name in self.spec.groups}
 
     @torch.no_grad()
-    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
+    def act(  # type: ignore[override]  # groups of observations in, as MultiAgentAlgorithm.act
+        self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True
+    ) -> Groups:
         return self.policy(self.actor, obs)
 
     def group_acting_module(self, group: str, stochastic: bool = False) -> GroupActorActing:
@@ -167,7 +179,9 @@ class MADDPG(MultiAgentAlgorithm):
             raise no_stochastic_policy(
                 self.name, "its actors are deterministic (Gaussian exploration noise is for training only)"
             )
-        return GroupActorActing(self.actor[group])
+        actor = self.actor[group]
+        assert isinstance(actor, GroupNets)
+        return GroupActorActing(actor)
 
     @torch.no_grad()
     def explore(self, obs: Groups, state: Tensor, action_mask: Groups | None, steps: int) -> Groups:
@@ -232,6 +246,7 @@ class MADDPG(MultiAgentAlgorithm):
             q_values = self.q_values(self.critic, name, batch.state, joint)  # (K, B, A_g)
             critic_loss = critic_loss + (q_values - targets[name]).pow(2).mean(dim=(1, 2)).sum()
             q_sum = q_sum + q_values.detach().mean()
+        assert self.critic_optimizer is not None, "a learning algorithm has its optimisers"
         self.minimise(critic_loss, self.critic_optimizer)
         self.updates += 1
 
@@ -244,6 +259,7 @@ class MADDPG(MultiAgentAlgorithm):
                 # agent a's own action from its actor, everyone else's from the batch: (B, A_g, joint_dim)
                 joint_own = self.with_own_actions(batch.actions, name, own_actions[name])
                 actor_loss = actor_loss - self.q_values(self.critic, name, batch.state, joint_own).mean()
+            assert self.actor_optimizer is not None, "a learning algorithm has its optimisers"
             self.minimise(actor_loss, self.actor_optimizer)
             self.set_critic_grad(True)
             self.actor_polyak.update(config.tau)

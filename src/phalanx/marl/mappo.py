@@ -151,7 +151,9 @@ class MAPPO(MultiAgentAlgorithm):
                 spec.state_dim if config.centralised_critic else int(group.observation_space.shape[0])
             )
             action_space = (
-                group.action_space if group.discrete else _box(int(group.action_space.shape[0]), 1.0)
+                group.action_space
+                if isinstance(group.action_space, gym.spaces.Discrete)  # group.discrete
+                else _box(int(group.action_space.shape[0]), 1.0)
             )
             parts = [slice(0, num_agents)] if shared else [slice(a, a + 1) for a in range(num_agents)]
             for part in parts:
@@ -190,7 +192,9 @@ class MAPPO(MultiAgentAlgorithm):
         )
 
     @torch.no_grad()
-    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
+    def act(  # type: ignore[override]  # groups of observations in, as MultiAgentAlgorithm.act
+        self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True
+    ) -> Groups:
         parts: dict[str, list[Tensor]] = {name: [] for name in self.spec.groups}
         for unit in self.units:
             inputs = self.policy_input(unit, obs)
@@ -209,7 +213,8 @@ class MAPPO(MultiAgentAlgorithm):
     def update(self, rollout: MultiAgentRollout, progress: float) -> dict[str, Tensor]:
         metrics: dict[str, Tensor] = {}
         for unit in self.units:
-            unit_metrics = unit.ppo.update(self.unit_rollout(unit, rollout), progress)
+            # a _UnitRollout has the fields of a RolloutBuffer that PPO's update reads
+            unit_metrics = unit.ppo.update(self.unit_rollout(unit, rollout), progress)  # type: ignore[arg-type]
             prefix = "" if len(self.units) == 1 else f"{unit.key}/"
             metrics.update({f"{prefix}{name}": value for name, value in unit_metrics.items()})
         return metrics

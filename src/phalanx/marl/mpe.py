@@ -355,8 +355,8 @@ class SimpleSpread(ParticleWorldEnv):
                 "Pass e.g. local_ratio=0.5."
             )
         max_cycles = _check_common(owner, max_cycles, continuous_actions)
-        self.N = n
-        self.local_ratio = float(local_ratio)
+        self.N: int = n
+        self.local_ratio: float = float(local_ratio)
         group = AgentGroup(
             agents=tuple(f"agent_{i}" for i in range(n)),
             observation_space=_flat_box(6 * n),
@@ -378,7 +378,9 @@ class SimpleSpread(ParticleWorldEnv):
             dtype=dtype,
         )
         # The other (silent) agents' communication: always zero.
-        self._comm = torch.zeros(self.num_envs, n, 2 * (n - 1), dtype=torch.float32, device=self.device)
+        self._comm: Tensor = torch.zeros(
+            self.num_envs, n, 2 * (n - 1), dtype=torch.float32, device=self.device
+        )
 
     @property
     def reference_kwargs(self) -> dict[str, Any]:

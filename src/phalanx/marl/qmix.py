@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,7 +43,7 @@ from phalanx.config import TrainConfig, check
 from phalanx.errors import CheckpointError
 from phalanx.marl.base import MultiAgentAlgorithm, agent_id_dim, with_agent_ids
 from phalanx.marl.buffers import MultiAgentBatch
-from phalanx.marl.core import Groups, MultiAgentSpec, Tensor
+from phalanx.marl.core import AgentGroup, Groups, MultiAgentSpec, Tensor
 from phalanx.nets import EnsembleMLP, mlp
 from phalanx.optim import make_adam
 
@@ -124,7 +125,7 @@ class AgentQNetworks(nn.Module):
         self.dueling = config.dueling
         if self.shared:
             in_dim = obs_dim + agent_id_dim(num_agents)
-            self.net = QNetwork(
+            self.net: nn.Module = QNetwork(
                 None, in_dim, num_actions, config.hidden_sizes, config.activation, config.dueling
             )
         else:  # a dueling head is one more output: the state value
@@ -194,11 +195,17 @@ class GreedyAgentsActing(ActingModule):
         return masked_argmax(self.q_network(obs), action_mask)
 
 
+def _num_actions(group: AgentGroup) -> int:
+    """The actions of each agent of ``group`` (value decomposition learns Discrete actions: check_spec)."""
+    assert isinstance(group.action_space, gym.spaces.Discrete), "discrete actions (action_kinds)"
+    return int(group.action_space.n)
+
+
 class QMIX(MultiAgentAlgorithm):
     """QMIX for every agent group of a multi-agent env with Discrete actions (see the module docstring)."""
 
     name = "qmix"
-    config_class = QMIXConfig
+    config_class: ClassVar[type[ValueDecompositionConfig]] = QMIXConfig
     on_policy = False
     action_kinds = ("discrete",)
     config: QMIXConfig  # VDN: VDNConfig
@@ -209,7 +216,7 @@ class QMIX(MultiAgentAlgorithm):
         self.q_networks: dict[str, AgentQNetworks] = {}
         self.mixers: dict[str, nn.Module] = {}
         for name, group in spec.groups.items():
-            obs_dim, num_actions = int(group.observation_space.shape[0]), int(group.action_space.n)
+            obs_dim, num_actions = int(group.observation_space.shape[0]), _num_actions(group)
             q_network = AgentQNetworks(group.num_agents, obs_dim, num_actions, config)
             self.q_networks[name] = q_network.to(self.device)
             self.mixers[name] = self.make_mixer(group.num_agents, spec.state_dim).to(self.device)
@@ -249,7 +256,7 @@ class QMIX(MultiAgentAlgorithm):
             mask = None if action_mask is None else action_mask.get(name)
             if mask is None:
                 actions[name] = torch.randint(
-                    int(group.action_space.n), (num_envs, group.num_agents), device=self.device
+                    _num_actions(group), (num_envs, group.num_agents), device=self.device
                 )
             else:  # the argmax of uniform noise over the allowed actions
                 noise = torch.rand(mask.shape, device=self.device).masked_fill(~mask, -1.0)  # (N, A, n)
@@ -257,7 +264,9 @@ class QMIX(MultiAgentAlgorithm):
         return actions
 
     @torch.no_grad()
-    def act(self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True) -> Groups:
+    def act(  # type: ignore[override]  # groups of observations in, as MultiAgentAlgorithm.act
+        self, obs: Groups, action_mask: Groups | None = None, deterministic: bool = True
+    ) -> Groups:
         """Each agent's greedy action ``(N, A_g)`` on its own observation (Q-learning's policy is greedy,
         so ``deterministic`` changes nothing)."""
         return {
@@ -277,7 +286,8 @@ class QMIX(MultiAgentAlgorithm):
     def update(self, batch: MultiAgentBatch, progress: float) -> dict[str, Tensor]:
         config = self.config
         next_masks = batch.next_action_mask or {}
-        loss, q_tot_means, target_means = 0.0, [], []
+        loss: Tensor | float = 0.0
+        q_tot_means, target_means = [], []
         for name, q_network in self.q_networks.items():
             with torch.no_grad():
                 next_q_target = self.q_targets[name](batch.next_obs[name])  # (B, A, n)
@@ -295,6 +305,8 @@ class QMIX(MultiAgentAlgorithm):
             q_tot_means.append(q_tot.detach().mean())
             target_means.append(targets.mean())
 
+        assert isinstance(loss, Tensor), "a spec has at least one group"
+        assert self.optimizer is not None, "a learning algorithm has its optimiser"
         self.minimise(loss, self.optimizer, config.max_grad_norm)
         self.updates += 1
         if self.updates % config.target_update_interval == 0:

@@ -30,7 +30,7 @@ from phalanx.marl.registry import make_multi_agent_env
 from phalanx.registry import get_algorithm
 from phalanx.train.environments import EVAL_SEED_OFFSET
 from phalanx.train.evaluator import Evaluation, Evaluator
-from phalanx.train.learner import Learner
+from phalanx.train.learner import Learner, replay_settings, rollout_settings
 from phalanx.train.trainer import Trainer
 from phalanx.train.videos import MAX_EPISODE_STEPS, EpisodeFrames
 from phalanx.train.worker import EpisodeLog
@@ -70,7 +70,8 @@ class MultiAgentWorker:
 
     def __init__(self, env: MultiAgentVecEnv, algorithm: MultiAgentAlgorithm) -> None:
         self.env = env
-        self.algorithm = algorithm
+        # Any: the interface of the algorithm's kind (explore, random_actions), as Worker.algorithm
+        self.algorithm: Any = algorithm
         self.obs: Groups | None = None
         self.state: Tensor | None = None
         self.action_mask: Groups | None = None
@@ -185,6 +186,11 @@ class MultiAgentTrainer(Trainer):
     """A :class:`~phalanx.train.trainer.Trainer` for the multi-agent algorithms of :mod:`phalanx.marl`."""
 
     algorithm: MultiAgentAlgorithm
+    # The multi-agent parts where a Trainer has single-agent ones: the methods that read them differently
+    # are this class's own (mypy cannot express the substitution)
+    env: MultiAgentVecEnv  # type: ignore[assignment]
+    eval_env: MultiAgentVecEnv | None  # type: ignore[assignment]
+    worker: MultiAgentWorker  # type: ignore[assignment]
     compilable = False  # its worker, buffers and rules have no compiled path: compile: null stays eager
 
     def _build(self, config: TrainConfig, run_dir: Path | None, show_progress: bool) -> None:
@@ -205,11 +211,13 @@ class MultiAgentTrainer(Trainer):
         self.open_run(run_dir, show_progress)
         self.worker.reset(seed=config.seed)
 
-    def make_buffer(self) -> MultiAgentRollout | MultiAgentReplayBuffer:
+    def make_buffer(self) -> MultiAgentRollout | MultiAgentReplayBuffer:  # type: ignore[override]  # as env
         config, hp = self.config, self.config.hyperparameters
         if self.algorithm.on_policy:
-            return MultiAgentRollout(hp.horizon, config.num_envs, self.spec, self.device)
-        return MultiAgentReplayBuffer(hp.buffer_size, config.num_envs, self.spec, self.device)
+            return MultiAgentRollout(rollout_settings(hp).horizon, config.num_envs, self.spec, self.device)
+        return MultiAgentReplayBuffer(
+            replay_settings(hp).buffer_size, config.num_envs, self.spec, self.device
+        )
 
     @classmethod
     def replay_memory(cls, config: TrainConfig) -> ReplayMemory | None:
@@ -222,10 +230,15 @@ class MultiAgentTrainer(Trainer):
         finally:
             env.close()
         return MultiAgentReplayBuffer.memory(
-            config.hyperparameters.buffer_size, config.num_envs, spec, as_device(config.device)
+            replay_settings(config.hyperparameters).buffer_size,
+            config.num_envs,
+            spec,
+            as_device(config.device),
         )
 
-    def evaluation_columns(self, evaluation: MultiAgentEvaluation) -> dict[str, float]:
+    def evaluation_columns(  # type: ignore[override]  # its evaluator's evaluations
+        self, evaluation: MultiAgentEvaluation
+    ) -> dict[str, float]:
         """Every agent's mean return and, with more than one group, each group's team return."""
         columns = {f"eval_return/{agent}": value for agent, value in evaluation.agents.items()}
         if len(evaluation.teams) > 1:
@@ -234,6 +247,7 @@ class MultiAgentTrainer(Trainer):
 
     def extra_summary(self) -> dict[str, Any]:
         evaluation = self.last_evaluation
+        assert evaluation is None or isinstance(evaluation, MultiAgentEvaluation), "its evaluator's"
         return {
             "eval_agent_returns": evaluation.agents if evaluation else None,
             "eval_team_returns": evaluation.teams if evaluation else None,
@@ -242,7 +256,7 @@ class MultiAgentTrainer(Trainer):
     def new_algorithm(self, hyperparameters: Any) -> MultiAgentAlgorithm:
         return get_algorithm(self.config.algo)(hyperparameters, self.spec, self.device)
 
-    def video_episode(self, seed: int) -> MultiAgentEpisode:
+    def video_episode(self, seed: int) -> MultiAgentEpisode:  # type: ignore[override]  # its own episodes
         """The current policies' deterministic episode from ``seed``, drawn frame by frame (for
         ``video_every``)."""
         return MultiAgentEpisode(self.config.env, self.algorithm, self.device, seed)

@@ -55,6 +55,7 @@ class ImageEncoder(nn.Module):
 def conv_init(layer: nn.Conv2d, gain: float = HIDDEN_GAIN) -> nn.Conv2d:
     """Orthogonal weight with ``gain``, zero bias (as :func:`layer_init`)."""
     nn.init.orthogonal_(layer.weight, gain)
+    assert layer.bias is not None, "the CNNs' convolutions have biases"
     nn.init.zeros_(layer.bias)
     return layer
 
@@ -140,8 +141,9 @@ class DictEncoder(nn.Module):
         for name, part in space.spaces.items():
             size = int(gym.spaces.flatdim(part))
             if is_image_space(part):
-                encoder = _image_encoder(part, kind, f"Dict part {name!r}")
-                self.out_dim += encoder.out_dim
+                image_encoder = _image_encoder(part, kind, f"Dict part {name!r}")
+                self.out_dim += image_encoder.out_dim
+                encoder: nn.Module = image_encoder
             elif isinstance(part, gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiBinary):
                 encoder = nn.Identity()
                 self.out_dim += size
@@ -181,11 +183,11 @@ def feature_encoder(space: gym.Space, kind: str = "auto") -> tuple[nn.Module | N
     if kind not in ENCODERS:
         raise ConfigError(f"unknown encoder {kind!r}; valid encoders: {', '.join(ENCODERS)}.")
     if isinstance(space, gym.spaces.Dict):
-        encoder: nn.Module = DictEncoder(space, kind)
-        return encoder, encoder.out_dim
+        dict_encoder = DictEncoder(space, kind)
+        return dict_encoder, dict_encoder.out_dim
     if is_image_space(space):
-        encoder = _image_encoder(space, kind, "the observation space")
-        return encoder, encoder.out_dim
+        image_encoder = _image_encoder(space, kind, "the observation space")
+        return image_encoder, image_encoder.out_dim
     if kind in ("nature", "impala"):
         raise ConfigError(
             f"encoder {kind!r} is a CNN for images, but the observation space {space} is not an image space "

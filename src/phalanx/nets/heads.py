@@ -12,6 +12,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -40,6 +41,10 @@ def head_mlp(
     return network if encoder is None else MLP(encoder, *network)
 
 
+HeadT = TypeVar("HeadT", bound=nn.Module)
+"""A policy head or value net (:func:`head_on_features` gives a view of the same class)."""
+
+
 def encoder_observation_rank(encoder: nn.Module | None) -> int:
     """The rank of one observation a head with ``encoder`` reads: an image encoder's image rank (2 or 3);
     1 otherwise (flat vectors, and Dict observations, which arrive flattened)."""
@@ -52,18 +57,25 @@ def head_encoder(network: nn.Sequential) -> nn.Module | None:
     return None if isinstance(first, nn.Linear) else first
 
 
-def head_on_features(head: nn.Module) -> nn.Module:
+def head_on_features(head: HeadT) -> HeadT:
     """A view of a policy head or value net built with an encoder that reads the encoder's features
     instead of observations: the same MLP layers (the same parameters, trained through either), without
     the encoder in front. With an encoder shared by the policy and the value function, the trunk then
     runs once per batch for both (``encoder(obs)``, then each view on the features)."""
-    view = copy.copy(head)
+    view: Any = copy.copy(head)  # Any: it gains observation_rank below
     view._modules = dict(head._modules)  # the view's own table of submodules, the modules themselves shared
     for name, network in head.named_children():
         if isinstance(network, MLP) and head_encoder(network) is not None:
             view._modules[name] = network[1:]
     view.observation_rank = 1
     return view
+
+
+def _output_layer(network: nn.Sequential) -> nn.Linear:
+    """The last layer of a head's MLP (:func:`head_mlp`): a Linear."""
+    layer = network[-1]
+    assert isinstance(layer, nn.Linear), f"a head's MLP ends with a Linear, not {layer}"
+    return layer
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,7 @@ class CategoricalPolicy(PolicyHead):
 
     @property
     def noise_dtype(self) -> torch.dtype:
-        return self.logits_net[-1].weight.dtype
+        return _output_layer(self.logits_net).weight.dtype
 
     def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
         """``(action, log_prob)``, both ``(B,)``; without ``noise``, the argmax."""
@@ -326,7 +338,7 @@ class MultiCategoricalPolicy(PolicyHead):
 
     @property
     def noise_dtype(self) -> torch.dtype:
-        return self.logits_net[-1].weight.dtype
+        return _output_layer(self.logits_net).weight.dtype
 
     def sample_from(self, obs: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
         """``(action (B, k), log_prob (B,))``; without ``noise``, each dim's argmax."""

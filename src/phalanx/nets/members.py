@@ -67,7 +67,8 @@ class MemberCategoricalPolicy(CategoricalPolicy):
     def __init__(self, policies: Sequence[CategoricalPolicy]) -> None:
         nn.Module.__init__(self)  # not CategoricalPolicy.__init__: its mlp would draw from the global RNG
         self.num_actions = policies[0].num_actions
-        self.logits_net = EnsembleMLP.from_mlps([policy.logits_net for policy in policies])
+        # the members' batched MLP in place of the MLP: the same call, a leading member dim
+        self.logits_net = EnsembleMLP.from_mlps([policy.logits_net for policy in policies])  # type: ignore[assignment]
         self.noise = MemberNoise()
 
     def sample_members(self, obs: Tensor, generators: Sequence[torch.Generator]) -> tuple[Tensor, Tensor]:
@@ -90,7 +91,8 @@ class MemberGaussianPolicy(GaussianPolicy):
     def __init__(self, policies: Sequence[GaussianPolicy]) -> None:
         nn.Module.__init__(self)  # not GaussianPolicy.__init__: its mlp would draw from the global RNG
         self.action_dim = policies[0].action_dim
-        self.mean_net = EnsembleMLP.from_mlps([policy.mean_net for policy in policies])
+        # the members' batched MLP in place of the MLP: the same call, a leading member dim
+        self.mean_net = EnsembleMLP.from_mlps([policy.mean_net for policy in policies])  # type: ignore[assignment]
         log_std = torch.stack([policy.log_std.detach() for policy in policies]).unsqueeze(1)
         self.log_std = nn.Parameter(log_std)  # (P, 1, action_dim)
         self.noise = MemberNoise()
@@ -111,7 +113,8 @@ class MemberValueNet(ValueNet):
 
     def __init__(self, values: Sequence[ValueNet]) -> None:
         nn.Module.__init__(self)  # not ValueNet.__init__: its mlp would draw from the global RNG
-        self.value_net = EnsembleMLP.from_mlps([value.value_net for value in values])
+        # the members' batched MLP in place of the MLP: the same call, a leading member dim
+        self.value_net = EnsembleMLP.from_mlps([value.value_net for value in values])  # type: ignore[assignment]
 
 
 class MemberActor:
@@ -126,6 +129,7 @@ class MemberActor:
     def of(cls, policies: Sequence[CategoricalPolicy | GaussianPolicy]) -> MemberActor:
         """The actor of copies of ``policies`` (all categorical, or all Gaussian, of one architecture)."""
         if all(isinstance(policy, CategoricalPolicy) for policy in policies):
+            # ignored below: all CategoricalPolicy (checked on the line above)
             return cls(MemberCategoricalPolicy(policies), len(policies))  # type: ignore[arg-type]
         return cls(MemberGaussianPolicy(policies), len(policies))  # type: ignore[arg-type]
 

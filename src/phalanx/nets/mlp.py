@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import cast
 
 import torch
 from torch import nn
@@ -155,8 +156,9 @@ class EnsembleMLP(nn.Module):
         return self.layers(x)  # (K, B, out_dim)
 
     @classmethod
-    def from_mlps(cls, mlps: Sequence[nn.Sequential]) -> EnsembleMLP:
-        """An ensemble whose member k has a copy of the weights of ``mlps[k]`` (built by :func:`mlp`)."""
+    def from_mlps(cls, networks: Sequence[nn.Module]) -> EnsembleMLP:
+        """An ensemble whose member k has a copy of the weights of ``networks[k]`` (built by :func:`mlp`)."""
+        mlps = cast("Sequence[nn.Sequential]", networks)  # mlp() builds Sequentials: checked below
         if len(mlps) == 0:
             raise ValueError("EnsembleMLP.from_mlps needs at least one mlp.")
         in_dim, hidden_sizes, out_dim, activation = _mlp_architecture(mlps[0])
@@ -168,13 +170,16 @@ class EnsembleMLP(nn.Module):
                     f"activation) = {other_architecture}, but mlps[0] has "
                     f"{(in_dim, hidden_sizes, out_dim, activation)}."
                 )
-        first_weight = mlps[0][0].weight
+        first_layer = mlps[0][0]
+        assert isinstance(first_layer, nn.Linear), "_mlp_architecture checked the layers"
+        first_weight = first_layer.weight
         ensemble = cls(len(mlps), in_dim, hidden_sizes, out_dim, activation)
         ensemble.to(device=first_weight.device, dtype=first_weight.dtype)
         with torch.no_grad():
             for member_index, member_mlp in enumerate(mlps):
                 for ensemble_layer, layer in zip(ensemble.layers, member_mlp, strict=True):
                     if isinstance(layer, nn.Linear):
+                        assert isinstance(ensemble_layer, EnsembleLinear)
                         ensemble_layer.weight[member_index].copy_(layer.weight.T)
                         ensemble_layer.bias[member_index, 0].copy_(layer.bias)
         return ensemble
@@ -183,12 +188,15 @@ class EnsembleMLP(nn.Module):
         """A standalone :func:`mlp` holding a copy of member ``index``'s weights (same device, dtype)."""
         if not -self.num_members <= index < self.num_members:
             raise IndexError(f"member index {index} out of range for {self.num_members} members.")
-        first_weight = self.layers[0].weight
+        first_layer = self.layers[0]
+        assert isinstance(first_layer, EnsembleLinear)
+        first_weight = first_layer.weight
         standalone = mlp(self.in_dim, self.hidden_sizes, self.out_dim, self.activation)
         standalone.to(device=first_weight.device, dtype=first_weight.dtype)
         with torch.no_grad():
             for ensemble_layer, layer in zip(self.layers, standalone, strict=True):
                 if isinstance(layer, nn.Linear):
+                    assert isinstance(ensemble_layer, EnsembleLinear)
                     layer.weight.copy_(ensemble_layer.weight[index].T)
                     layer.bias.copy_(ensemble_layer.bias[index, 0])
         return standalone
@@ -196,8 +204,8 @@ class EnsembleMLP(nn.Module):
 
 def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int, str]:
     """``(in_dim, hidden_sizes, out_dim, activation)`` of a network built by :func:`mlp`."""
-    linears = list(network[0::2])  # Linear, activation, Linear, ..., Linear
-    activation_types = {type(layer) for layer in network[1::2]}
+    linears = list(network)[0::2]  # Linear, activation, Linear, ..., Linear
+    activation_types = {type(layer) for layer in list(network)[1::2]}
     activation_names = [name for name, module_type in ACTIVATIONS.items() if module_type in activation_types]
     if (
         len(network) % 2 == 0
@@ -208,5 +216,6 @@ def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int
         raise ValueError(f"not an mlp built by phalanx.nets.mlp: {network}")
     # a single linear layer has no activation; any name builds the same network
     activation = activation_names[0] if activation_names else "tanh"
-    hidden_sizes = tuple(layer.out_features for layer in linears[:-1])
-    return linears[0].in_features, hidden_sizes, linears[-1].out_features, activation
+    layers = [layer for layer in linears if isinstance(layer, nn.Linear)]  # every one (checked above)
+    hidden_sizes = tuple(layer.out_features for layer in layers[:-1])
+    return layers[0].in_features, hidden_sizes, layers[-1].out_features, activation

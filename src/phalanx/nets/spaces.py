@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import gymnasium as gym
 import numpy as np
 
@@ -23,7 +25,7 @@ __all__ = [
 SUPPORTED_SPACES = "observations: a 1-D Box; actions: Discrete, MultiDiscrete or Box"
 
 
-def is_image_space(space: gym.Space) -> bool:
+def is_image_space(space: gym.Space) -> TypeGuard[gym.spaces.Box]:
     """Whether ``space`` holds images: a Box of rank 3, channels first ``(C, H, W)`` or last ``(H, W, C)``
     with C in 1..4, or a rank-2 ``(H, W)`` Box of uint8 (one grey channel)."""
     if not isinstance(space, gym.spaces.Box):

@@ -129,6 +129,7 @@ class Member:
             return self.trainer
         self.close()
         config = TrainConfig.from_dict(task.config, where=f"member {task.member}")
+        assert config.run_dir is not None, "the scheduler gives every member's task its run directory"
         run_dir = Path(config.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = trainer_class(config.algo)(
@@ -290,6 +291,7 @@ class _Worker:
 
     def receive(self) -> Report:
         task, self.task = self.task, None
+        assert task is not None, "receive() follows send()"
         try:
             return self.connection.recv()
         except (EOFError, OSError):

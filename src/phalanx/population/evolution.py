@@ -155,6 +155,7 @@ class Mutation:
             return _like(value, self._resample(value, rng))
         if self.perturb is not None:
             return self._bound(value * rng.choice(self.perturb), value)
+        assert self.steps is not None, "a mutation that neither resamples nor perturbs steps (validated)"
         index = _nearest_index(self.steps, value)
         index = min(max(index + rng.choice((-1, 1)), 0), len(self.steps) - 1)
         return _like(value, self.steps[index])
@@ -164,6 +165,7 @@ class Mutation:
             return rng.choice(self.choices)
         if self.uniform is not None:
             return self._bound(rng.uniform(*self.uniform), value)
+        assert self.log_uniform is not None, "the resampling kind left (mutate checked there is one)"
         low, high = self.log_uniform
         return self._bound(math.exp(rng.uniform(math.log(low), math.log(high))), value)
 

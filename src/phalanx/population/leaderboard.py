@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich import box
 from rich.console import Group
@@ -35,8 +35,9 @@ class MemberRecord:
     """The current values of the mutated hyperparameters."""
     steps: int = 0
     """Env steps trained (a copy keeps its own count; a spawned member starts from its parent's)."""
-    scores: list[list[float]] = field(default_factory=list)
-    """[steps, evaluation mean return, seconds since the population started], one per report."""
+    scores: list[list[Any]] = field(default_factory=list)
+    """[steps, evaluation mean return (None: none yet), seconds since the population started], one per
+    report."""
     schedule: list[list[Any]] = field(default_factory=list)
     """[steps, hyperparameters] each time they were set."""
     status: str = "waiting"
@@ -87,13 +88,13 @@ class Leaderboard:
         chosen = (
             members if members is not None else [m.id for m in self.members.values() if m.status != "removed"]
         )
-        return {m: self.members[m].score for m in chosen if self.members[m].score is not None}
+        return {m: score for m in chosen if (score := self.members[m].score) is not None}
 
     def best(self) -> MemberRecord | None:
         scored = [m for m in self.members.values() if m.score is not None and m.status != "removed"]
         return max(scored, key=lambda m: (m.score, -int(m.id[1:]))) if scored else None
 
-    def record(self, member: str, steps: int, score: float, checkpoint: str | None) -> None:
+    def record(self, member: str, steps: int, score: float | None, checkpoint: str | None) -> None:
         record = self.members[member]
         record.steps = steps
         record.scores.append([steps, score, round(self.elapsed(), 3)])
@@ -182,7 +183,7 @@ class Leaderboard:
             collapse_padding=True,
         )
         for column in ("rank", "member", "score", "steps", "status", "copies"):
-            justify = "left" if column in ("member", "status") else "right"
+            justify: Literal["left", "right"] = "left" if column in ("member", "status") else "right"
             ranking.add_column(column, justify=justify, overflow="fold")
         details = Table.grid(padding=(0, 2))  # member, then its hyperparameters
         details.add_column(no_wrap=True)
@@ -214,7 +215,8 @@ class Leaderboard:
         if best is None:
             return []
         rows: list[dict[str, Any]] = []
-        member, until = best.id, None
+        member: str | None = best.id
+        until: int | None = None
         while member is not None:
             copies = [
                 e for e in self.lineage if e["member"] == member and (until is None or e["steps"] <= until)

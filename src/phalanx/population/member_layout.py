@@ -37,7 +37,7 @@ class SingleLayout:
     def __init__(
         self,
         member_parameters: Sequence[nn.Parameter],
-        single_parameters: Sequence[nn.Parameter],
+        single_parameters: Sequence[torch.Tensor],
         transposed: set[int],
         rows_per_member: int = 1,
     ) -> None:

@@ -28,7 +28,7 @@ MEMBER_SEED_STRIDE = 10_000
 class PopulationResult:
     directory: Path
     best_member: str
-    best_score: float
+    best_score: float | None
     best_run_dir: Path
     """The best member exported as an ordinary run directory."""
 

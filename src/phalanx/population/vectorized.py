@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from phalanx.algos.actor_critic_config import PPOConfig
 from phalanx.algos.base import Algorithm
 from phalanx.algos.ppo import (
     PPO,
@@ -35,6 +36,8 @@ from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import (
+    CategoricalPolicy,
+    GaussianPolicy,
     MemberActor,
     MemberCategoricalPolicy,
     MemberGaussianPolicy,
@@ -90,36 +93,39 @@ class VectorizedPPO(VectorizedPopulation):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
-        if config.hyperparameters.recurrent is not None:
+        hp = _ppo_settings(config)
+        if hp.recurrent is not None:
             raise ConfigError(
-                f"recurrent = {config.hyperparameters.recurrent!r} is not supported by VectorizedPPO: its "
+                f"recurrent = {hp.recurrent!r} is not supported by VectorizedPPO: its "
                 "members are feed-forward networks batched into one. Train a population of recurrent "
                 "members with the process backend (phalanx population run ... --backend process), one "
                 "process per member."
             )
-        if config.hyperparameters.target_kl is not None:
+        if hp.target_kl is not None:
             raise ConfigError(
-                f"target_kl = {config.hyperparameters.target_kl!r} is not supported by VectorizedPPO: its "
+                f"target_kl = {hp.target_kl!r} is not supported by VectorizedPPO: its "
                 "early stop would end each member's epochs at a different point, which the batched update "
                 "(every member takes the same gradient steps) does not do. Set target_kl to None, or train "
                 "the members as separate runs (the process backend)."
             )
 
     def _build_members(self, algorithms: list[Algorithm]) -> None:
-        hp = self.config.hyperparameters
+        hp = _ppo_settings(self.config)
+        ppos = cast(list[PPO], algorithms)  # built from algorithm_class
         self.horizon = hp.horizon
         self.steps_per_round = self.rollout_size = hp.horizon * self.num_envs  # env steps per member
-        policies = [algorithm.policy for algorithm in algorithms]  # type: ignore[attr-defined]
+        policies = [algorithm.policy for algorithm in ppos]
         if self.discrete:
-            self.policy: MemberCategoricalPolicy | MemberGaussianPolicy = MemberCategoricalPolicy(policies)
+            categorical = cast(list[CategoricalPolicy], policies)  # PPO's heads of Discrete actions
+            self.policy: MemberCategoricalPolicy | MemberGaussianPolicy = MemberCategoricalPolicy(categorical)
         else:
-            self.policy = MemberGaussianPolicy(policies)
-        self.value = MemberValueNet([algorithm.value for algorithm in algorithms])  # type: ignore[attr-defined]
+            self.policy = MemberGaussianPolicy(cast(list[GaussianPolicy], policies))  # of Box actions
+        self.value = MemberValueNet([algorithm.value for algorithm in ppos])
         self.policy.to(self.device)
         self.value.to(self.device)
         member_parameters = [*self.policy.parameters(), *self.value.parameters()]
         transposed = ensemble_linear_weights(self.policy, self.value)
-        self._layout = SingleLayout(member_parameters, algorithms[0].parameters, transposed)
+        self._layout = SingleLayout(member_parameters, ppos[0].parameters, transposed)
         self.parameters, self.gradients = flatten_parameters(member_parameters)  # (P, D) each
         self.optimizer = VectorizedAdam(self.parameters, self.gradients, eps=1e-5)
         self.gradient_step: GradientStep | None = None  # compiled (compile()); None: the eager step
@@ -208,7 +214,7 @@ class VectorizedPPO(VectorizedPopulation):
         lambda, epochs of minibatches of each member's own shuffles (:class:`MemberSampler`),
         :func:`member_loss`, gradient clipping per member and a VectorizedAdam step with a learning rate
         per member. The metrics, as PPO.update's, ``(P,)``."""
-        config = self.config.hyperparameters
+        config = _ppo_settings(self.config)
         if config.anneal_lr:
             self.lr_factor = max(1.0 - progress, 0.0)
         hp = self.hyperparameter_tensors  # (P,) each
@@ -247,6 +253,7 @@ class VectorizedPPO(VectorizedPopulation):
 
     def loss_function(self) -> MinibatchLoss:
         """:func:`member_loss` on the members' networks."""
+        assert self.observation_space.shape is not None, "a flat observation space (check_config)"
         obs_dim = self.observation_space.shape[0]
         return functools.partial(member_loss, self.policy, self.value, obs_dim, self.discrete)
 
@@ -270,19 +277,21 @@ class VectorizedPPO(VectorizedPopulation):
             entropy_coef=hp["entropy_coef"],
             clip_range=hp["clip_range"].unsqueeze(1),
             clip_value=hp["clip_value"].unsqueeze(1) if self._clips_values else None,
-            normalize_advantages=self.config.hyperparameters.normalize_advantages,
+            normalize_advantages=_ppo_settings(self.config).normalize_advantages,
         )
 
     # -- a member as a single PPO --------------------------------------------------------------------------
     @torch.no_grad()
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
         """Member ``member``'s weights and Adam state (step, moments, learning rate) into a single PPO."""
+        # ignored below: a single run of algorithm_class, PPO
         ppo: PPO = algorithm  # type: ignore[assignment]
         for parameter, tensor in zip(
             ppo.parameters, self._single_tensors(self.parameters[member]), strict=True
         ):
             parameter.copy_(tensor)
         optimizer = self.optimizer
+        assert ppo.optimizer is not None, "a member's run, built to learn"
         load_adam_state(
             ppo.optimizer,
             ppo.config.learning_rate * self.lr_factor,
@@ -357,3 +366,8 @@ def member_loss(
     batch = ActorCriticBatch(obs, actions, old_log_probs, advantages, old_values, returns, obs)
     result = actor_critic_loss(policy, value, batch, hyperparameters)
     return result.loss, (result.metrics, result.ratio, result.log_ratio)
+
+
+def _ppo_settings(config: TrainConfig) -> PPOConfig:
+    """The members' shared hyperparameters: PPO's config class (TrainConfig.validate checks the type)."""
+    return cast(PPOConfig, config.hyperparameters)

@@ -160,7 +160,8 @@ class VectorizedPopulation:
         self.best_eval_return = [-math.inf] * self.num_members
         self._episodes = torch.zeros(3, self.num_members, dtype=torch.float64, device=self.device)
         self._eval_envs: dict[int, VecEnv] = {}
-        self.obs, _ = self.env.reset(seed=self._env_seeds(0, self.num_envs))  # (P * N, obs_dim)
+        # a list of seeds, one per sub-env (as Evaluator's), where the VecEnv contract types an int
+        self.obs, _ = self.env.reset(seed=self._env_seeds(0, self.num_envs))  # type: ignore[arg-type]
 
     # -- what a subclass supplies -----------------------------------------------------------------------
     def _build_members(self, algorithms: list[Algorithm]) -> None:
@@ -415,7 +416,7 @@ class VectorizedPopulation:
         if env is None:
             env = self._eval_envs[episodes] = self._build_env(self.num_members * episodes, training=False)
         seeds = self._env_seeds(EVAL_SEED_OFFSET, episodes)  # a list: each member's rows as its own run's
-        evaluation = Evaluator(env, seed=seeds).evaluate(self._evaluation_actor())  # type: ignore[arg-type]
+        evaluation = Evaluator(env, seed=seeds).evaluate(self._evaluation_actor())
         means = (
             torch.tensor(evaluation.returns, dtype=torch.float64).view(self.num_members, episodes).mean(dim=1)
         )

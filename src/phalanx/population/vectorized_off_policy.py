@@ -33,7 +33,7 @@ import functools
 import types
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -54,9 +54,10 @@ from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
 from phalanx.gradient_step import GradientStep
-from phalanx.nets import EnsembleMLP
+from phalanx.nets import EnsembleLinear, EnsembleMLP
 from phalanx.optim import VectorizedAdam, flatten_parameters, load_adam_state
 from phalanx.population.vectorized_base import SingleLayout, VectorizedPopulation, ensemble_linear_weights
+from phalanx.train.learner import replay_settings
 
 GRADIENT_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 """torch's one-time hint when a .grad is a view of a flat gradient tensor (flatten_parameters), on purpose."""
@@ -189,7 +190,9 @@ def stack_ensembles(ensembles: Sequence[EnsembleMLP]) -> EnsembleMLP:
         )
     states = [ensemble.state_dict() for ensemble in ensembles]
     stacked.load_state_dict({name: torch.cat([state[name] for state in states]) for name in states[0]})
-    return stacked.to(first.layers[0].weight.device)
+    first_layer = first.layers[0]
+    assert isinstance(first_layer, EnsembleLinear), "an EnsembleMLP starts with an EnsembleLinear"
+    return stacked.to(first_layer.weight.device)
 
 
 class MemberPolicy:
@@ -230,11 +233,12 @@ class VectorizedOffPolicy(VectorizedPopulation):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
-        if config.normalize_obs or config.normalize_reward or config.hyperparameters.n_step != 1:
+        n_step = replay_settings(config.hyperparameters).n_step
+        if config.normalize_obs or config.normalize_reward or n_step != 1:
             raise ConfigError(
                 f"{cls.__name__} supports neither observation/reward normalisation nor n-step returns yet "
                 f"(got normalize_obs={config.normalize_obs}, normalize_reward={config.normalize_reward}, "
-                f"n_step={config.hyperparameters.n_step}). Turn them off, or train the members as separate "
+                f"n_step={n_step}). Turn them off, or train the members as separate "
                 "runs (the process backend)."
             )
 
@@ -244,9 +248,10 @@ class VectorizedOffPolicy(VectorizedPopulation):
         of ``P * num_envs`` columns. A round is one VecEnv step (``num_envs`` env steps per member)."""
         self.steps_per_round = self.num_envs
         self.draws = MemberDraws(self.generators)
+        # ignored below: the members are runs of algorithm_class
         self._build_networks(algorithms)  # type: ignore[arg-type]
         self.buffer = ReplayBuffer(
-            self.config.hyperparameters.buffer_size * self.num_members,
+            replay_settings(self.config.hyperparameters).buffer_size * self.num_members,
             self.num_members * self.num_envs,
             StepLayout.of(self.observation_space, self.action_space),
             self.device,
@@ -357,7 +362,8 @@ class VectorizedOffPolicy(VectorizedPopulation):
     def _step_envs(self) -> None:
         """One step of every member's sub-envs into the replay (warm-up: uniform actions, as a single run)."""
         obs = self.obs.view(self.num_members, self.num_envs, -1)  # (P, N, obs_dim)
-        if self.steps < self.config.hyperparameters.learning_starts:
+        if self.steps < replay_settings(self.config.hyperparameters).learning_starts:
+            assert self.action_space.shape is not None, "a Box (the algorithms' action spaces)"
             like = obs.new_empty(self.num_members, self.num_envs, *self.action_space.shape)
             actions = self.draws.uniform(like) * 2 - 1  # OffPolicyAlgorithm.random_actions, per member
         else:
@@ -370,7 +376,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
 
     def _updates_due(self) -> int:
         """The updates one VecEnv step owes (Trainer.store's update-to-data ratio), once the warm-up is in."""
-        hp = self.config.hyperparameters
+        hp = replay_settings(self.config.hyperparameters)
         if self.buffer.filled * self.num_envs < max(hp.learning_starts, self.num_envs * hp.n_step):
             return 0
         self.updates_owed += self.num_envs * hp.updates_per_step
@@ -428,6 +434,7 @@ class VectorizedOffPolicy(VectorizedPopulation):
 
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
         """Member ``member``'s networks, targets and Adam states into a single run of its algorithm."""
+        # ignored below: a single run of algorithm_class
         single: EnsembleCriticAlgorithm = algorithm  # type: ignore[assignment]
         for flat in self.flats():
             flat.load_single(member, single)
@@ -450,6 +457,7 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     def _build_networks(self, algorithms: Sequence[EnsembleCriticAlgorithm]) -> None:
         super()._build_networks(algorithms)
+        # ignored below: SAC runs (algorithm_class), which have log_alpha
         log_alpha = torch.stack([algorithm.log_alpha.detach() for algorithm in algorithms])  # type: ignore[attr-defined]
         self.log_alpha = nn.Parameter(log_alpha.to(self.device))  # (P,)
         self.temperatures = MemberFlat(
@@ -457,8 +465,9 @@ class VectorizedSAC(VectorizedOffPolicy):
         )
         self.action_dim = algorithms[0].action_dim
 
-    def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
-        return SquashedGaussianActor(EnsembleMLP.from_mlps([actor.net for actor in actors]))
+    def member_actor(self, actors: Sequence[nn.Module]) -> SquashedGaussianActor:
+        sac_actors = cast(Sequence[SquashedGaussianActor], actors)  # the members' SAC actors
+        return SquashedGaussianActor(EnsembleMLP.from_mlps([actor.net for actor in sac_actors]))
 
     @property
     def alpha(self) -> Tensor:
@@ -476,6 +485,8 @@ class VectorizedSAC(VectorizedOffPolicy):
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.temperatures]
+
+    actor: SquashedGaussianActor  # member_actor's
 
     def explore(self, obs: Tensor) -> Tensor:
         return self.actor.sample_action(obs, self.draws)
@@ -497,6 +508,7 @@ class VectorizedTD3(VectorizedOffPolicy):
 
     def _build_networks(self, algorithms: Sequence[EnsembleCriticAlgorithm]) -> None:
         super()._build_networks(algorithms)
+        # ignored below: TD3 runs (algorithm_class), DDPGs
         targets: list[DDPG] = list(algorithms)  # type: ignore[arg-type]
         self.actor_target = self.member_actor([algorithm.actor_target for algorithm in targets])
         self.actor_target.to(self.device).requires_grad_(False)
@@ -510,7 +522,8 @@ class VectorizedTD3(VectorizedOffPolicy):
         self.targets.append((self.actor_targets, self.actors))
 
     def member_actor(self, actors: Sequence[nn.Module]) -> nn.Module:
-        return nn.Sequential(EnsembleMLP.from_mlps([actor[0] for actor in actors]), nn.Tanh())
+        td3_actors = cast(Sequence[nn.Sequential], actors)  # the members' TD3 actors: an MLP, then tanh
+        return nn.Sequential(EnsembleMLP.from_mlps([actor[0] for actor in td3_actors]), nn.Tanh())
 
     def flats(self) -> list[MemberFlat]:
         return [*super().flats(), self.actor_targets]

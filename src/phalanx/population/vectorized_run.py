@@ -84,8 +84,8 @@ class VectorizedRun:
             raise PopulationInterrupted(board.directory) from None
         finally:
             engine.close()
-        for member in board.members.values():
-            member.status = "finished"
+        for record in board.members.values():
+            record.status = "finished"
         return self.finish()
 
     def select(self) -> None:
@@ -131,6 +131,7 @@ class VectorizedRun:
         board.save()
         board.write_report()
         best = board.best()
+        assert best is not None, "a vectorized population's members all train to the end"
         exported = board.directory / "best"
         state = self.engine.member_agent_state(self.members.index(best.id))
         with replace_directory(exported) as directory:

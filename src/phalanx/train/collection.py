@@ -20,17 +20,17 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from phalanx.envs.workers import ProcessVecEnv
-from phalanx.train.learner import Learner, LearnerGroup
+from phalanx.train.learner import Learner, LearnerGroup, replay_settings, rollout_settings
 from phalanx.train.pipeline import Pipeline, Step
 from phalanx.train.worker import Transition, Worker
 
 if TYPE_CHECKING:
-    from phalanx.algos.base import Algorithm
+    from phalanx.algos.base import Algorithm, OffPolicy
     from phalanx.config import TrainConfig
     from phalanx.envs.core import VecEnv
     from phalanx.train.state import RunState
@@ -85,7 +85,7 @@ class Rollouts(Collection):
     def iterate(self) -> Metrics:
         trainer = self.trainer
         trainer.worker.collect(trainer.buffer)
-        trainer.state.steps += trainer.config.hyperparameters.horizon * trainer.step_size
+        trainer.state.steps += rollout_settings(trainer.config.hyperparameters).horizon * trainer.step_size
         return trainer.learner.update(progress=min(trainer.state.steps / trainer.config.total_steps, 1.0))
 
 
@@ -101,7 +101,7 @@ class EnvSteps(Collection):
 
     def iterate(self) -> Metrics:
         trainer = self.trainer
-        hp = trainer.config.hyperparameters
+        hp = replay_settings(trainer.config.hyperparameters)
         return self.learn_from(
             trainer.worker.transition(trainer.state.steps, random=trainer.state.steps < hp.learning_starts)
         )
@@ -122,7 +122,7 @@ class EnvSteps(Collection):
     def store(self, transition: Transition) -> None:
         """Store one VecEnv step and add the updates it is owed to :attr:`updates_due`."""
         trainer = self.trainer
-        config, hp = trainer.config, trainer.config.hyperparameters
+        config, hp = trainer.config, replay_settings(trainer.config.hyperparameters)
         self.progress = min(trainer.state.steps / config.total_steps, 1.0)
         trainer.worker.store(trainer.buffer, transition)
         trainer.state.steps += trainer.step_size
@@ -140,7 +140,7 @@ class EnvSteps(Collection):
         """Updates start once the buffer holds the warm-up (and enough steps for n-step returns); a
         learner of a group holds its share of the warm-up."""
         trainer = self.trainer
-        hp = trainer.config.hyperparameters
+        hp = replay_settings(trainer.config.hyperparameters)
         world = trainer.group.world_size if trainer.group is not None else 1
         return max(math.ceil(hp.learning_starts / world), trainer.config.num_envs * hp.n_step)
 
@@ -178,7 +178,7 @@ class ProcessPipeline(EnvSteps):
 
     def iterate(self) -> Metrics:
         trainer = self.trainer
-        hp = trainer.config.hyperparameters
+        hp = replay_settings(trainer.config.hyperparameters)
         previous = self.received  # cleared just before it is stored: Ctrl+C in send() loses nothing
         if previous is not None and trainer.state.steps + trainer.step_size >= trainer.config.total_steps:
             self.received = None
@@ -215,12 +215,12 @@ class ThreadPipeline(EnvSteps):
         config = trainer.config
         self.pipeline = Pipeline(
             trainer.worker,
-            trainer.algorithm,
+            cast("OffPolicy", trainer.algorithm),  # an off-policy run's (choose_collection)
             queue_size=config.pipeline_queue,
             sync_every=config.sync_every,
             steps=trainer.state.steps,
             total_steps=config.total_steps,
-            learning_starts=config.hyperparameters.learning_starts,
+            learning_starts=replay_settings(config.hyperparameters).learning_starts,
             updates=trainer.learner.updates,
             steps_per_transition=trainer.step_size,
         )

@@ -242,7 +242,11 @@ def _run_learner(group: LearnerGroup, request: _Request) -> TrainResult:
             request.on_run_dir(trainer.run_dir)
         if run_dir is not None:
             if group.is_main and state is None:
-                state = load_checkpoint(CheckpointManager(run_dir).latest(), map_location="cpu")
+                latest = CheckpointManager(run_dir).latest()
+                assert latest is not None, (
+                    "a run resumes from its latest checkpoint (resume checked it has one)"
+                )
+                state = load_checkpoint(latest, map_location="cpu")
             trainer.load_group_state(state)
         return trainer.train(request.hooks)
     finally:

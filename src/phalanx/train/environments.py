@@ -36,6 +36,7 @@ from phalanx.envs.wrappers import (
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.nets import is_image_space
 from phalanx.registry import get_algorithm
+from phalanx.train.learner import rollout_settings
 
 EVAL_SEED_OFFSET = 1_000_003
 """A run seeded ``s`` evaluates on envs seeded ``s + EVAL_SEED_OFFSET`` (apart from its training envs)."""
@@ -95,7 +96,7 @@ def nan_check_every(config: TrainConfig) -> int:
     its last step, so a NaN is raised before the update learns from it; every step off-policy, where the
     next update may already sample the new transitions."""
     on_policy = bool(config.algo) and get_algorithm(config.algo).on_policy  # no algo: an env-only config
-    return config.hyperparameters.horizon if on_policy else 1
+    return rollout_settings(config.hyperparameters).horizon if on_policy else 1
 
 
 def wrap_env(
@@ -127,7 +128,7 @@ def wrap_env(
         env = MemberNormalizeObservation(env, blocks, statistics=obs_statistics, update=training)
     elif config.normalize_obs:
         env = NormalizeObservation(env, statistics=obs_statistics, update=training)
-    if config.normalize_reward and training and population:
+    if config.normalize_reward and training and gamma is not None:  # a population
         env = MemberScaleReward(env, blocks, gamma)
     elif config.normalize_reward and training:
         env = ScaleReward(env, gamma=config.hyperparameters.gamma, statistics=reward_statistics)
@@ -167,7 +168,7 @@ def spaces_from_spec(spec: dict[str, Any]) -> tuple[gym.Space, gym.Space]:
         observation_space = _space(spec["observation"])
     else:
         observation_space = gym.spaces.Box(
-            spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype="float32"
+            spec["observation_low"].numpy(), spec["observation_high"].numpy(), dtype=np.float32
         )
     return observation_space, _space(spec["action"])
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from phalanx.train.environments import to_device
-from phalanx.train.evaluator import Evaluation
+from phalanx.train.evaluator import Evaluation, Evaluator
 from phalanx.train.hooks import BuiltIn
 from phalanx.train.run import Hook, Run
 
@@ -52,6 +52,7 @@ class Evaluations(BuiltIn):
         """Evaluate the current weights in this process (no evaluation process)."""
         trainer = self.trainer
         wall_time = trainer.stopwatch()
+        assert isinstance(trainer.evaluator, Evaluator), "without an evaluation process, an Evaluator"
         return self.record(trainer.steps, wall_time, trainer.evaluator.evaluate(trainer.algorithm))
 
     def log(self, row: dict[str, float]) -> None:
@@ -67,6 +68,7 @@ class Evaluations(BuiltIn):
         evaluation is the best)."""
         trainer = self.trainer
         agent = to_device(self.agent_state(), torch.device("cpu"), copy=True)
+        assert trainer.eval_process is not None, "with an evaluation process"
         trainer.eval_process.submit(
             trainer.steps, {key: agent[key] for key in ("algorithm", "obs_statistics")}
         )
@@ -76,12 +78,14 @@ class Evaluations(BuiltIn):
         """Evaluation process: record and log its results that have arrived (``wait``: all), in step order,
         up to the first that reaches stop_return (training stops there)."""
         trainer = self.trainer
-        results = trainer.eval_process.wait() if wait else trainer.eval_process.poll()
+        process = trainer.eval_process
+        assert process is not None, "with an evaluation process"
+        results = process.wait() if wait else process.poll()
         for steps, evaluation in results:
             if not self.reached_stop_return():
                 wall_time = self.copies[steps]["progress"]["wall_time_s"]
                 self.log(self.record(steps, wall_time, evaluation))
-        for steps in [steps for steps in self.copies if steps not in trainer.eval_process.outstanding]:
+        for steps in [steps for steps in self.copies if steps not in process.outstanding]:
             del self.copies[steps]  # evaluated, or skipped for newer ones
 
     def record(self, steps: int, wall_time: float, evaluation: Evaluation) -> dict[str, float]:
@@ -90,6 +94,7 @@ class Evaluations(BuiltIn):
         trainer = self.trainer
         trainer.state.last_evaluation = evaluation
         trainer.state.last_evaluation_step = steps
+        assert trainer.evaluator is not None, "learner 0 evaluates, and it has the evaluator"
         if trainer.evaluator.is_best(evaluation, steps):
             if trainer.eval_process is not None:
                 agent = self.copies[steps]

@@ -10,7 +10,7 @@ import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,6 +57,21 @@ class BestReturn:
         return False
 
 
+class EpisodeEnv(Protocol):
+    """What an :class:`Evaluator` steps: a VecEnv, or a multi-agent env (``phalanx.marl``, a layer above:
+    its observations and actions are groups); ``reset``'s seed may be one per sub-env."""
+
+    @property
+    def num_envs(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> tuple[Any, dict[str, Any]]: ...
+
+    def step(self, actions: Any) -> tuple[Any, Any, Tensor, Tensor, dict[str, Any]]: ...
+
+
 class Evaluator(BestReturn):
     """Runs the first episode of each of ``env.num_envs`` sub-envs with the deterministic policy.
 
@@ -64,7 +79,13 @@ class Evaluator(BestReturn):
     states and differ only by the policy. ``max_steps`` bounds envs without a time limit.
     """
 
-    def __init__(self, env: VecEnv, seed: int, max_steps: int = 100_000, check_every: int = 16) -> None:
+    def __init__(
+        self,
+        env: EpisodeEnv,
+        seed: int | list[int],
+        max_steps: int = 100_000,
+        check_every: int = 16,
+    ) -> None:
         self.env = env
         self.seed = seed
         self.max_steps = max_steps
@@ -245,6 +266,7 @@ class _Evaluation(WorkerTask):
 
     def handle(self, message: list[tuple[int, bytes]]) -> tuple[str, list, list[int]]:
         """``message``: the ``(steps, copy)`` that arrived, oldest first."""
+        assert self.evaluator is not None, "the process's evaluator exists once it has started"
         limit = self.evaluator.batch_limit
         taken, skipped = message[-limit:], [steps for steps, _ in message[:-limit]]
         copies = [torch.load(io.BytesIO(data), weights_only=True) for _, data in taken]

@@ -67,7 +67,7 @@ def _install(handler: Callable[[int, Any], None]) -> dict[int, Any] | None:
     main thread, where signals never arrive, nothing is installed)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    previous = {}
+    previous: dict[int, Any] = {}
     for stop in STOP_SIGNALS:
         before = signal.getsignal(stop)
         if before == signal.SIG_IGN:

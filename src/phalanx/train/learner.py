@@ -12,14 +12,32 @@ share of a checkpoint. Starting the group's processes is :mod:`phalanx.train.lau
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
 
-from phalanx.algos.base import Algorithm
-from phalanx.buffers import ReplayBuffer, RolloutBuffer
+from phalanx.algos.base import Algorithm, OffPolicyConfig
+from phalanx.config import AlgoConfig
 from phalanx.envs.wrappers import RunningMeanStd
+
+
+def replay_settings(hyperparameters: AlgoConfig) -> OffPolicyConfig:
+    """The hyperparameters of an off-policy algorithm: an OffPolicyConfig (the contract of
+    ``Algorithm.on_policy``; docs/architecture.md, "Adding an algorithm")."""
+    return cast(OffPolicyConfig, hyperparameters)
+
+
+class RolloutSettings(Protocol):
+    """What the runtime reads of an on-policy algorithm's hyperparameters (its config has a horizon)."""
+
+    horizon: int
+
+
+def rollout_settings(hyperparameters: AlgoConfig) -> RolloutSettings:
+    """The hyperparameters of an on-policy algorithm, which have a ``horizon`` (the contract of
+    ``Algorithm.on_policy``)."""
+    return cast(RolloutSettings, hyperparameters)
 
 
 class Learner:
@@ -30,14 +48,14 @@ class Learner:
     set and its optimiser steps average the gradients over the learners.
     """
 
-    def __init__(self, algorithm: Algorithm, buffer: RolloutBuffer | ReplayBuffer) -> None:
+    def __init__(self, algorithm: Algorithm, buffer: Any) -> None:
         self.algorithm = algorithm
-        self.buffer = buffer
+        self.buffer: Any = buffer  # a rollout (on-policy) or a replay, single- or multi-agent
         self.updates = 0
 
     def update(self, progress: float) -> dict[str, torch.Tensor]:
         if not self.algorithm.on_policy:  # a replay buffer (single- or multi-agent)
-            config = self.algorithm.config
+            config = replay_settings(self.algorithm.config)
             batch = self.buffer.sample(config.batch_size, config.gamma, config.n_step)
             metrics = self.algorithm.update(batch, progress)
         else:

@@ -47,7 +47,7 @@ class TrainResult:
 class TrainingInterrupted(Exception):
     """Ctrl+C or SIGTERM during training: a checkpoint was saved; the run can be resumed."""
 
-    def __init__(self, run_dir: Path, steps: int, checkpoint: Path) -> None:
+    def __init__(self, run_dir: Path, steps: int, checkpoint: Path | None) -> None:
         by = received_signal()
         super().__init__(
             f"interrupted{f' by {by}' if by else ''} at step {steps:,}; checkpoint saved to {checkpoint}. "

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import torch
 
     from phalanx.algos.base import Algorithm
-    from phalanx.buffers import ReplayBuffer, RolloutBuffer
     from phalanx.config import TrainConfig
     from phalanx.train.checkpoint import CheckpointManager
     from phalanx.train.collection import Agreement, Collection
@@ -44,7 +43,7 @@ class Run(Protocol):
     algorithm: Algorithm
     learner: Learner
     worker: Worker
-    buffer: RolloutBuffer | ReplayBuffer
+    buffer: Any  # the rollout or replay buffer, single- or multi-agent (its kind: algorithm.on_policy)
     evaluator: Evaluator | EvaluationProcess | None
     eval_process: EvaluationProcess | None
     checkpoints: CheckpointManager

@@ -16,6 +16,7 @@ def write_summary(trainer: Run, interrupted: bool, error: str | None = None) -> 
     state = trainer.state
     wall = state.stopwatch()
     evaluation = state.last_evaluation
+    best = trainer.evaluator if evaluation else None  # learner 0's, which has evaluated
     summary = {
         "env": trainer.config.env,
         "algo": trainer.config.algo,
@@ -35,8 +36,8 @@ def write_summary(trainer: Run, interrupted: bool, error: str | None = None) -> 
         "eval_return_std": evaluation.std if evaluation else None,
         "eval_episodes": len(evaluation.returns) if evaluation else 0,
         "eval_steps": state.last_evaluation_step if evaluation else None,
-        "best_eval_return": trainer.evaluator.best_return if evaluation else None,
-        "best_eval_steps": trainer.evaluator.best_steps if evaluation else None,
+        "best_eval_return": best.best_return if best is not None else None,
+        "best_eval_steps": best.best_steps if best is not None else None,
         "buffer_bytes": trainer.buffer.nbytes,
         "stop_reason": state.stop_reason,  # stop_return, or what a hook's trainer.stop(reason) said
         "interrupted": interrupted,

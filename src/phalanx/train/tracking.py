@@ -163,7 +163,7 @@ class WandbTracker(Hook):
         # The videos before the step this train() starts from are W&B's already (a resume, a population
         # member's next task); the rows a resume drops and writes again are logged again, as they come.
         for path in self._videos():
-            if int(VIDEO_FILE.fullmatch(path.name)["steps"]) <= trainer.steps:
+            if int(_video_name(path)["steps"]) <= trainer.steps:
                 self.videos_logged.add(path.name)
         config = trainer.config.to_dict()  # after a hand-over: the member's new hyperparameters
         self._safely(lambda run: run.config.update(config, allow_val_change=True))
@@ -177,7 +177,7 @@ class WandbTracker(Hook):
         self._log_videos()
 
     def on_evaluation(self, trainer: Run, row: dict[str, float]) -> None:
-        values = {"steps": int(row["steps"])}
+        values: dict[str, float] = {"steps": int(row["steps"])}
         for key, value in {**row, "result_wall_time_s": trainer.stopwatch()}.items():
             if key in ("wall_time_s", "result_wall_time_s"):
                 values[f"eval/{key}"] = value
@@ -230,7 +230,7 @@ class WandbTracker(Hook):
 
         for path in self._videos():
             if path.name not in self.videos_logged and self.run is not None:
-                match = VIDEO_FILE.fullmatch(path.name)
+                match = _video_name(path)
                 steps = int(match["steps"])
                 self.videos_logged.add(path.name)
                 video = wandb.Video(str(path), caption=f"step {steps:,}")
@@ -243,7 +243,7 @@ class WandbTracker(Hook):
         if not folder.is_dir():
             return []
         videos = [path for path in folder.iterdir() if VIDEO_FILE.fullmatch(path.name)]
-        return sorted(videos, key=lambda path: int(VIDEO_FILE.fullmatch(path.name)["steps"]))
+        return sorted(videos, key=lambda path: int(_video_name(path)["steps"]))
 
     def _log(self, values: dict[str, Any]) -> None:
         self._safely(lambda run: run.log(values))
@@ -264,3 +264,10 @@ class WandbTracker(Hook):
             )
             with contextlib.suppress(Exception):
                 run.finish(exit_code=FAILED)
+
+
+def _video_name(path: Path) -> re.Match[str]:
+    """The parts of the name of a video that :meth:`WandbTracker._videos` lists (names that match)."""
+    match = VIDEO_FILE.fullmatch(path.name)
+    assert match is not None, f"not a video's name: {path.name}"
+    return match

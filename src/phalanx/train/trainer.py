@@ -10,11 +10,14 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from phalanx.algos.base import Algorithm
+
+if TYPE_CHECKING:
+    from phalanx.algos.base import OnPolicy
 from phalanx.buffers import (
     CompactReplayBuffer,
     ReplayBuffer,
@@ -25,7 +28,7 @@ from phalanx.buffers import (
 from phalanx.buffers.memory import ReplayMemory
 from phalanx.compiling import should_compile
 from phalanx.config import TrainConfig
-from phalanx.envs.core import as_device
+from phalanx.envs.core import VecEnv, as_device
 from phalanx.envs.wrappers import NormalizeObservation, ScaleReward, find_wrapper
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.registry import algorithm_class, get_algorithm
@@ -43,7 +46,7 @@ from phalanx.train.environments import (
 from phalanx.train.evaluations import Evaluations
 from phalanx.train.evaluator import Evaluation, EvaluationProcess, Evaluator
 from phalanx.train.hooks import Checkpoints, CompileWhenItPays, Logging, SafePoint, StopAtReturn, check_hooks
-from phalanx.train.learner import Learner, LearnerGroup, StatisticsSync
+from phalanx.train.learner import Learner, LearnerGroup, StatisticsSync, replay_settings, rollout_settings
 from phalanx.train.logging import RunLogger, Stopwatch
 from phalanx.train.loop import TrainResult, train
 from phalanx.train.run import Hook, Scheduler
@@ -82,7 +85,9 @@ class Trainer:
 
         # Everything that can fail on bad input happens before the run directory is created; the envs
         # (and their worker processes) are closed if any of it fails.
-        self.env = self.eval_env = None
+        # None until _build makes them, so that close() after a failed build closes what exists
+        self.env: VecEnv = None  # type: ignore[assignment]  # set by _build, which runs next
+        self.eval_env: VecEnv | None = None
         self.evaluator: Evaluator | EvaluationProcess | None = None  # learner 0's
         self.eval_process: EvaluationProcess | None = None  # the evaluator, when it is a process
         self.tracker: WandbTracker | None = None  # learner 0's, with config.track (train.tracking)
@@ -152,7 +157,7 @@ class Trainer:
         self.step_size = config.num_envs * world  # env steps of one VecEnv step of every learner
         # The env's own action bounds, so that a deployed agent maps [-1, 1] back to them.
         self.spaces = space_spec(self.env.single_observation_space, raw_env.single_action_space)
-        self.buffer = self.make_buffer()
+        self.buffer: Any = self.make_buffer()  # as Run.buffer: its kind follows algorithm.on_policy
         self.worker = Worker(self.env, self.algorithm)
         self.learner = Learner(self.algorithm, self.buffer)
         if self.compiles:
@@ -227,14 +232,17 @@ class Trainer:
         observation_space, action_space = self.env.single_observation_space, self.env.single_action_space
         if self.algorithm.on_policy:
             layout = StepLayout.of(observation_space, action_space)  # a Dict's observations: flat vectors
-            return self.algorithm.rollout_buffer(hp.horizon, config.num_envs, layout, self.device)
+            algorithm = cast("OnPolicy", self.algorithm)
+            horizon = rollout_settings(hp).horizon
+            return algorithm.rollout_buffer(horizon, config.num_envs, layout, self.device)
+        replay = replay_settings(hp)
         return replay_choice(
-            hp.buffer_size,
+            replay.buffer_size,
             config.num_envs,
             observation_space,
             action_space,
             self.device,
-            hp.replay_stacked_frames,
+            replay.replay_stacked_frames,
         ).build()
 
     @classmethod
@@ -249,7 +257,7 @@ class Trainer:
             observation_space, action_space = env.single_observation_space, env.single_action_space
         finally:
             env.close()
-        hp = config.hyperparameters
+        hp = replay_settings(config.hyperparameters)
         return replay_choice(
             hp.buffer_size,
             config.num_envs,
@@ -276,6 +284,7 @@ class Trainer:
     def agent_state(self) -> dict[str, Any]:
         """What every learner has the same of: the config, the agent (weights, optimisers, observation
         statistics) and the run's progress; enough to deploy the agent (``phalanx eval``)."""
+        assert self.evaluator is not None, "learner 0 saves the agent, and it has the evaluator"
         return {
             "config": self.config.to_dict(),
             "spaces": self.spaces,
@@ -311,16 +320,19 @@ class Trainer:
     def load_group_state(self, state: dict[str, Any] | None) -> None:
         """In a group, resume from a checkpoint's ``state``, which learner 0 passes (None on the others):
         it sends each learner the agent with that learner's own shard."""
+        group = self.group
+        assert group is not None, "a learner of a group"
         states = None
         if self.is_main:
+            assert state is not None, "learner 0 passes the checkpoint's state"
             shards = [{}] + state.pop("learner_shards", [])
-            if len(shards) != self.group.world_size:
+            if len(shards) != group.world_size:
                 raise CheckpointError(
                     f"the checkpoint holds the shards of {len(shards)} learner(s), but this group has "
-                    f"{self.group.world_size}. Resume with --learners {len(shards)}."
+                    f"{group.world_size}. Resume with --learners {len(shards)}."
                 )
             states = [{**state, **shard} for shard in shards]
-        self.load_state_dict(to_device(self.group.scatter(states), self.device))
+        self.load_state_dict(to_device(group.scatter(states), self.device))
 
     def save(self) -> Path | None:
         """Checkpoint the run (learner 0 writes it, with every learner's shard); returns its path."""
@@ -330,6 +342,7 @@ class Trainer:
             shards = self.group.gather(self.shard_state())
             if not self.is_main:
                 return None
+            assert shards is not None, "learner 0 gathers every learner's shard"
             return self.checkpoints.save(self.steps, {**self.state_dict(), "learner_shards": shards[1:]})
 
     def close(self) -> None:

@@ -125,6 +125,7 @@ class GymnasiumEpisode(EpisodeFrames):
             atari = video_env(env_id)  # an Atari game: its preprocessed frames in, the game drawn
             env = atari if atari is not None else gym.make(gym_id, render_mode="rgb_array")
             if masked:  # a memory task: the Gymnasium env's observations with the same entries zeroed
+                assert env.observation_space.shape is not None, "a masked task's observations are a Box"
                 mask = np.ones(env.observation_space.shape, dtype=np.float32)
                 mask[list(masked)] = 0.0
                 env = gym.wrappers.TransformObservation(env, lambda obs: obs * mask, env.observation_space)

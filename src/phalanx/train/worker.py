@@ -97,6 +97,7 @@ class HalvesInTurn:
             self.first.step_async(self.ahead[0])
         result = concat_transitions([first_result, self.second.step_wait()])
         outputs = tuple(torch.cat([first_outputs[i], second_outputs[i]]) for i in range(3))
+        # ignored below: a tuple of three tensors: Outputs
         return outputs, result  # type: ignore[return-value]
 
 
@@ -115,7 +116,9 @@ class Worker:
 
     def __init__(self, env: VecEnv, algorithm: OnPolicy | OffPolicy) -> None:
         self.env = env
-        self.algorithm = algorithm
+        # Any: each method calls the interface of the algorithm's kind (algorithm.on_policy), a run-time
+        # choice; a union would need a narrowing at every call
+        self.algorithm: Any = algorithm
         self.obs: torch.Tensor | None = None
         self._sent: torch.Tensor | None = None  # the actions of a step in flight
         self.episodes = EpisodeLog(env.device)
@@ -132,7 +135,7 @@ class Worker:
     def reset(self, seed: int | None = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
         if self.recurrent:
-            self.memory = self.algorithm.initial_memory(self.env.num_envs)  # type: ignore[union-attr]
+            self.memory = self.algorithm.initial_memory(self.env.num_envs)
             self.episode_starts = torch.ones(self.env.num_envs, dtype=torch.bool, device=self.obs.device)
 
     @property
@@ -156,6 +159,7 @@ class Worker:
             self.obs, *statistics = step_once(step, self.obs)
             ended.append(statistics)
         if self.recurrent:  # the memory after the last step: where the update's recomputation ends
+            # ignored below: a recurrent policy's buffer has final_memory
             buffer.final_memory.copy_(self.memory)  # type: ignore[attr-defined]
         if self.compiled_rollout_step is not None:
             self.env.check()  # the env's device-side checks (a NanGuard's), raised once per rollout
@@ -174,7 +178,9 @@ class Worker:
             return self.compiled_step_function(buffer)
         act_and_step: ActAndStep = self.act_then_step
         if self.halves is not None and not self.recurrent:
-            act_and_step = HalvesInTurn(self.explore, *self.halves, self.obs)  # type: ignore[arg-type]
+            first, second = self.halves
+            assert self.obs is not None, "collect() checked it"
+            act_and_step = HalvesInTurn(self.explore, first, second, self.obs)
         return functools.partial(self.eager_step, buffer, act_and_step)
 
     def eager_step(
@@ -187,6 +193,7 @@ class Worker:
         what the update recomputes the memory from.
         """
         if self.recurrent:
+            # ignored below: a recurrent policy's buffer has add_memory
             buffer.add_memory(step, self.memory, self.episode_starts)  # type: ignore[attr-defined]
         last = step + 1 == buffer.horizon
         (actions, log_probs, values), result = act_and_step(obs, last)
@@ -201,7 +208,7 @@ class Worker:
         """Act on ``obs`` (:meth:`explore`; a recurrent policy with its memory of every sub-env, zeroed
         where an episode starts), then step the whole env: ``(outputs, env.step's result)``."""
         if self.recurrent:
-            actions, log_probs, values, self.memory = self.algorithm.explore(  # type: ignore[call-arg, misc]
+            actions, log_probs, values, self.memory = self.algorithm.explore(
                 obs, self.memory, self.episode_starts
             )
             outputs = (actions, log_probs, values)
@@ -226,7 +233,7 @@ class Worker:
         if self.compiled_parts is not None:
             return self.compiled_parts
         self.compiled_parts = []
-        if self.algorithm.on_policy and not self.recurrent:  # type: ignore[union-attr]
+        if self.algorithm.on_policy and not self.recurrent:
             if self.env.traceable and self.halves is None:
                 self.compiled_rollout_step = compiled(self.rollout_step)
                 self.compiled_parts.append("acting + env step + buffer write")
@@ -240,15 +247,15 @@ class Worker:
         algorithm's ``explore``, or after :meth:`compile` the compiled :meth:`act` with the noise drawn
         here."""
         if self.compiled_act is None:
-            return self.algorithm.explore(obs)  # type: ignore[call-arg, return-value]
-        return self.compiled_act(obs, self.algorithm.policy.draw_noise(obs))  # type: ignore[union-attr]
+            return self.algorithm.explore(obs)
+        return self.compiled_act(obs, self.algorithm.policy.draw_noise(obs))
 
     @torch.no_grad()
     def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The on-policy algorithm's ``explore`` with its random draw given: ``(actions, log_probs,
         values)`` of observations ``(N, obs_dim)``; ``noise`` is the policy's ``draw_noise(obs)`` (a shared
         encoder runs once for the actions and the values, as in ``explore``)."""
-        return self.algorithm.explore(obs, noise)  # type: ignore[call-arg, return-value]
+        return self.algorithm.explore(obs, noise)
 
     @torch.no_grad()
     def rollout_step(
@@ -278,11 +285,12 @@ class Worker:
         (the policy's, then the env's); the env's device-side checks are raised by :meth:`collect`, once,
         at the end of the rollout."""
         rollout_step, indices = self.compiled_rollout_step, self.step_indices(buffer.horizon)
-        policy, env = self.algorithm.policy, self.env  # type: ignore[union-attr]
+        policy, env = self.algorithm.policy, self.env
         fields = tuple(getattr(buffer, name) for name in buffer.FIELDS)
 
         def step_once(step: int, obs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             policy_noise = policy.draw_noise(obs)
+            # ignored below: compiled_rollout_step is set where this is called
             return rollout_step(obs, policy_noise, env.step_noise(), indices[step], fields)  # type: ignore[misc]
 
         return step_once
@@ -342,6 +350,7 @@ class Worker:
 
     def _received(self, result: tuple[Any, ...]) -> Transition:
         next_obs, rewards, terminated, truncated, info = result
+        assert self.obs is not None and self._sent is not None, "send() set them"
         transition = Transition(
             self.obs,
             self._sent,

@@ -26,8 +26,9 @@ class TuneConfig:
     """The training config of every trial (its total_steps is each trial's budget, its seed every trial's)."""
     trials: int = 20
     """Trials in the study: a rerun goes on until this many have ended (complete, pruned or failed)."""
-    search: dict[str, Dimension] = field(default_factory=dict)
-    """Hyperparameter name -> its dimension (empty: the algorithm's default search space)."""
+    search: dict[str, str | Dimension] = field(default_factory=dict)
+    """Hyperparameter name -> its dimension, or its ``KIND:ARGS`` text, parsed into one when the config is
+    built (empty: the algorithm's default search space)."""
     sampler: str = "tpe"
     """How Optuna draws a trial's values: tpe (Tree-structured Parzen Estimator) or random."""
     pruner: str = "median"
@@ -59,7 +60,9 @@ class TuneConfig:
         return self.backend or ("serial" if self.parallel == 1 else "process")
 
     def space(self) -> dict[str, Dimension]:
-        return self.search or default_search(self.base)
+        # the dimensions __post_init__ parsed, as they are
+        search = {name: Dimension.parse(name, spec) for name, spec in self.search.items()}
+        return search or default_search(self.base)
 
     def validate(self) -> None:
         self.base.validate()

@@ -169,10 +169,16 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         self.closed = False
 
     # -- workers -----------------------------------------------------------------------------------
+    @property
+    def _workers(self) -> WorkerPool:
+        """The pool of the worker processes that step the copies (num_workers > 0)."""
+        assert self._pool is not None, "the copies are stepped in worker processes"
+        return self._pool
+
     def _fail(self, fault: Fault) -> None:
         """Any fault of a worker closes the env and raises EnvError (workers are not restarted)."""
         start = fault.worker * self._per_worker
-        pid = self._pool.processes[fault.worker].pid
+        pid = self._workers.processes[fault.worker].pid
         description = f"worker {fault.worker} (pid {pid}, copies {start}..{start + self._per_worker - 1})"
         self.close()
         raise EnvError(
@@ -198,8 +204,10 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         if self._copies is not None:
             self._copies.reset(seed, options)
         else:
-            self._pool.broadcast(("reset", seed, options))  # copy i gets seed + i: the worker adds its offset
-            self._pool.wait(range(self.num_workers), "reset", self._fail)
+            self._workers.broadcast(
+                ("reset", seed, options)
+            )  # copy i gets seed + i: the worker adds its offset
+            self._workers.wait(range(self.num_workers), "reset", self._fail)
         self._needs_reset = False
         self.episode_statistics.reset()
         obs = self._groups("obs")
@@ -218,8 +226,8 @@ class PettingZooVecEnv(MultiAgentVecEnv):
         if self._copies is not None:
             self._copies.step()
         else:
-            self._pool.broadcast(STEP)
-            self._pool.wait(range(self.num_workers), "step", self._fail)
+            self._workers.broadcast(STEP)
+            self._workers.wait(range(self.num_workers), "step", self._fail)
         obs = self._groups("obs")
         final_obs = self._groups("final_obs")
         reward = copy_out(self._views["reward"], self.device)
@@ -264,7 +272,7 @@ class PettingZooVecEnv(MultiAgentVecEnv):
                 with contextlib.suppress(Exception):
                     env.close()
         else:
-            self._pool.close()
+            self._workers.close()
 
     def __repr__(self) -> str:
         groups = ", ".join(f"{name}: {group.num_agents}" for name, group in self.groups.items())

@@ -152,10 +152,12 @@ class PettingZooCopies:
             for group in self.mask:
                 self.final_mask[group][i] = self.mask[group][i]
             if self.state is not None:
+                assert self.final_state is not None, "the layout has a final state with a state"
                 self._write_state(i, env, self.final_state)
             if ended:
                 self._reset_one(i, None, None)
             elif self.state is not None:
+                assert self.final_state is not None, "the layout has a final state with a state"
                 self.state[i] = self.final_state[i]
         self.current = -1
 

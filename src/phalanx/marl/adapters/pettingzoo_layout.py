@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -131,13 +131,13 @@ def make_parallel_env(factory: Callable[[], Any], who: str) -> Any:
     return env
 
 
-def _one_space(space: gym.Space, agent: str, who: str) -> tuple[gym.Box, int, int, bool]:
+def _one_space(space: gym.Space, agent: str, who: str) -> tuple[gym.spaces.Box, int, int, bool]:
     """(flat float32 observation Box, one-hot size or 0, Discrete start, dict obs) of a raw space."""
     dict_obs = False
     if isinstance(space, gym.spaces.Dict) and "observation" in space.spaces and "action_mask" in space.spaces:
         dict_obs, space = True, space["observation"]
     converted = tensor_space(space, "observation")
-    if converted is None or len(converted.shape) != 1:
+    if not isinstance(converted, gym.spaces.Box) or len(converted.shape) != 1:  # a Dict: its shape is None
         raise ConfigError(
             f"{who}: agent {agent!r} has observation space {space}; the multi-agent contract needs one flat "
             "observation vector per agent: a 1-D Box, a Discrete (presented one-hot), or a Dict with "
@@ -157,7 +157,7 @@ def read_layout(
     if not agents:
         raise ConfigError(f"{who}: the env has no possible_agents; a multi-agent env needs at least one.")
     raw = {agent: (env.observation_space(agent), env.action_space(agent)) for agent in agents}
-    converted: dict[str, tuple[gym.Box, gym.Space, int, int, bool]] = {}
+    converted: dict[str, tuple[gym.spaces.Box, gym.Space, int, int, bool]] = {}
     for agent, (obs_space, act_space) in raw.items():
         obs_box, one_hot, start, dict_obs = _one_space(obs_space, agent, who)
         action = tensor_space(act_space, "action")
@@ -174,17 +174,22 @@ def read_layout(
         converted[agent] = obs_box, action, one_hot, start, dict_obs
     groups = group_agents(agents, lambda agent: raw[agent])
     has_masks = any(entry[4] for entry in converted.values())
-    slots, agent_groups, obs_dims, actions, masks = [], {}, {}, {}, {}
+    slots, agent_groups, obs_dims, masks = [], {}, {}, {}
+    actions: dict[str, tuple[tuple[int, ...], str]] = {}
     flat = 0
     for name, members in groups.items():
         obs_box, action, *_ = converted[members[0]]
-        agent_groups[name] = AgentGroup(members, obs_box, action)
+        # Discrete, or 1-D (the check above; AgentGroup's type names the Box among those)
+        agent_groups[name] = AgentGroup(
+            members, obs_box, cast("gym.spaces.Discrete | gym.spaces.Box", action)
+        )
         obs_dims[name] = int(obs_box.shape[0])
         if isinstance(action, gym.spaces.Discrete):
             actions[name] = ((), "int64")
             if has_masks:
                 masks[name] = int(action.n)
         else:
+            assert action.shape is not None, "a 1-D action space (checked above)"
             actions[name] = ((int(action.shape[0]),), "float32")
         for index, agent in enumerate(members):
             _, _, one_hot, start, dict_obs = converted[agent]

@@ -40,7 +40,7 @@ def _import_vmas() -> ModuleType:
     )
 
 
-def _gymnasium_space(space: Any, role: str, agent: str) -> gym.Space:
+def _gymnasium_space(space: Any, role: str, agent: str) -> gym.spaces.Box | gym.spaces.Discrete:
     """VMAS's (old ``gym``) Box / Discrete as the gymnasium space the contract uses."""
     kind = type(space).__name__
     if kind == "Box" and len(space.shape) == 1:
@@ -128,7 +128,11 @@ class VMASVecEnv(MultiAgentVecEnv):
             for i, agent in enumerate(agents)
         }
         grouping = group_agents(agents, lambda agent: spaces[agent])
-        groups = {g: AgentGroup(members, *spaces[members[0]]) for g, members in grouping.items()}
+        groups = {}
+        for g, members in grouping.items():
+            observation_space, action_space = spaces[members[0]]
+            assert isinstance(observation_space, gym.spaces.Box), "_gymnasium_space: observations are Boxes"
+            groups[g] = AgentGroup(members, observation_space, action_space)
         state_dim = sum(g.num_agents * int(g.observation_space.shape[0]) for g in groups.values())
         state_space = gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32)
         super().__init__(int(num_envs), groups, state_space, device)
