@@ -36,8 +36,8 @@ bench: venv
 	$(BIN)/python benchmarks/run_all.py
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs/site_hooks.py
+	$(BIN)/ruff format --check src tests benchmarks examples docs/site_hooks.py
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests/test_layers.py
 

@@ -39,7 +39,7 @@ agents act through it). :class:`RecurrentActing` is the export form: memory in, 
 from __future__ import annotations
 
 import functools
-from typing import Any, ClassVar, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
 import torch
