@@ -14,13 +14,12 @@ The update is written once, in :func:`ppo_update`, to be read top to bottom:
 
 It is shape-generic: one agent's samples, or P members' side by side (a leading member dim, one
 hyperparameter value per member). What differs between its callers is passed in: the minibatches (a
-:class:`Sampler`: :class:`FlatSampler` here, sequences for a recurrent policy in
-:mod:`phalanx.algos.recurrent`, P members' in :mod:`phalanx.population.vectorized`), the loss of one
-(which networks) and the gradient step. :meth:`PPO.compile` runs each minibatch's gradient step (loss,
-gradient, clipping, the optimiser's step) as one compiled graph
-(:class:`~phalanx.gradient_step.GradientStep`); the eager step stays the reference. A2C is the same
-update with one full-batch pass, the plain policy-gradient loss (``clip_range`` None) and RMSprop
-(:func:`update_settings`).
+:class:`Sampler`: :class:`FlatSampler` here, sequences in :mod:`phalanx.algos.recurrent`, P members'
+in :mod:`phalanx.population.vectorized`), the loss (which networks) and the gradient step.
+:meth:`PPO.compile` runs each minibatch's gradient step (loss, gradient, clipping, the optimiser's
+step) as one compiled graph (:class:`~phalanx.gradient_step.GradientStep`); the eager step stays the
+reference. A2C is the same update with one full-batch pass, the plain policy-gradient loss
+(``clip_range`` None) and RMSprop (:func:`update_settings`).
 """
 
 from __future__ import annotations
