@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -63,7 +64,8 @@ def test_q_lambda_targets_match_a_hand_computation(gae):
     next_values = torch.tensor([[20.0, 5.0], [99.0, 6.0], [40.0, 7.0]])  # max_a Q(true next obs of t)
     terminated = torch.tensor([[False, False], [False, True], [False, False]])
     dones = torch.tensor([[False, False], [True, True], [False, False]])
-    targets = q_lambda_targets(rewards, values, next_values, terminated, dones, 0.5, 0.5, gae)
+    rollout = SimpleNamespace(rewards=rewards, values=values, terminated=terminated, dones=dones)
+    targets = q_lambda_targets(rollout, next_values, 0.5, 0.5, gae)
     # sub-env 0: G2 = 3 + .5 * 40 = 23; G1 = 2 + .5 * 99 = 51.5 (truncated: the final obs);
     #            G0 = 1 + .5 * (.5 * 20 + .5 * 51.5) = 18.875
     # sub-env 1: G2 = 1 + .5 * 7 = 4.5; G1 = 1 (terminated); G0 = 1 + .5 * (.5 * 5 + .5 * 1) = 2.5
@@ -76,11 +78,10 @@ def test_lambda_zero_is_one_step_q_learning_and_one_the_discounted_return():
     # max Q of each step's true next observation: the next step's max Q within an episode, as in a run
     next_values = rollout.next_obs[..., 0].clone()
     next_values[:-1] = torch.where(rollout.dones[:-1], next_values[:-1], rollout.values[1:])
-    args = (rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.dones)
     not_terminated = (~rollout.terminated).float()
-    one_step = q_lambda_targets(*args, 0.9, 0.0)
+    one_step = q_lambda_targets(rollout, next_values, 0.9, 0.0)
     torch.testing.assert_close(one_step, rollout.rewards + 0.9 * not_terminated * next_values)
-    monte_carlo = q_lambda_targets(*args, 0.9, 1.0)
+    monte_carlo = q_lambda_targets(rollout, next_values, 0.9, 1.0)
     following = next_values[-1]
     for t in reversed(range(rollout.horizon)):  # the return, cut and bootstrapped where episodes end
         following = torch.where(rollout.dones[t], next_values[t], following)

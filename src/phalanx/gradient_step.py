@@ -19,7 +19,6 @@ from phalanx.optim import (
     FlatRMSprop,
     VectorizedAdam,
     adam_update,
-    radam_update,
     rmsprop_update,
 )
 
@@ -64,8 +63,8 @@ class GradientStep:
     changes; :class:`VectorizedAdam`: the ``(P,)`` tensor passed to the call), so annealing it compiles
     nothing. ``max_grad_norm``: None (no clipping), a float (the global norm, as :func:`clip_grad_norm`)
     or, for :class:`VectorizedAdam`, a ``(P,)`` tensor read at every call (per member, as
-    :func:`clip_member_grad_norm`; +inf: not clipped). The update rules are :func:`adam_update`,
-    :func:`radam_update` and :func:`rmsprop_update`, torch's formulas element for element.
+    :func:`clip_member_grad_norm`; +inf: not clipped). The update rules are :func:`adam_update` (RAdam
+    with ``rectified``) and :func:`rmsprop_update`, torch's formulas element for element.
     """
 
     def __init__(
@@ -219,7 +218,7 @@ def _update_rule(optimizer: FlatOptimizer) -> tuple[tuple[str, ...], Callable[..
         unsupported = {"weight_decay": 0, "maximize": False, "decoupled_weight_decay": False}
         rule = (
             ("exp_avg", "exp_avg_sq", "step"),
-            functools.partial(radam_update, betas=group["betas"], eps=group["eps"]),
+            functools.partial(adam_update, betas=group["betas"], eps=group["eps"], rectified=True),
         )
     elif isinstance(optimizer, FlatRMSprop):
         unsupported = {"momentum": 0, "centered": False, "weight_decay": 0, "maximize": False}

@@ -380,19 +380,36 @@ def adam_update(
     learning_rate: Tensor,
     betas: tuple[float, float],
     eps: float,
+    rectified: bool = False,
 ) -> None:
     """torch's Adam rule (no weight decay, no amsgrad) in place, with no host sync: ``(D,)`` parameters
     with a ``()`` step count and learning rate (a flat ``torch.optim.Adam``'s own state), or P members'
     ``(P, D)`` with ``(P,)`` of each (:class:`VectorizedAdam`). The bias corrections and the step size are
-    computed in float64, as torch computes them in Python floats, then used in the parameters' dtype."""
+    computed in float64, as torch computes them in Python floats, then used in the parameters' dtype.
+
+    ``rectified``: torch's RAdam rule (no weight decay, ``(D,)`` parameters): the same moments, and the
+    step rectified by the length of the approximated simple moving average (rho_t) once it exceeds 5, the
+    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch)."""
     beta1, beta2 = betas
     dtype = parameters.dtype
-    rows = (-1, 1) if parameters.dim() == 2 else ()  # a member's scalars broadcast over its row
     steps += 1
     exp_avg.lerp_(gradients, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(gradients, gradients, value=1 - beta2)
     count = steps.double()
     bias_correction1 = 1 - beta1**count
+    if rectified:
+        bias_correction2 = 1 - beta2**count
+        rho_infinity = 2 / (1 - beta2) - 1
+        rho = rho_infinity - 2 * count * beta2**count / bias_correction2
+        rectify = rho > 5.0
+        safe_rho = torch.where(rectify, rho, torch.full_like(rho, 6.0))  # no sqrt of a negative number
+        numerator = (safe_rho - 4) * (safe_rho - 2) * rho_infinity
+        rectification = (numerator / ((rho_infinity - 4) * (rho_infinity - 2) * safe_rho)).sqrt()
+        adaptive = bias_correction2.sqrt().to(dtype) / exp_avg_sq.sqrt().add_(eps)
+        scale = torch.where(rectify, rectification.to(dtype) * adaptive, torch.ones_like(adaptive))
+        parameters.sub_(exp_avg / bias_correction1.to(dtype) * learning_rate.to(dtype) * scale)
+        return
+    rows = (-1, 1) if parameters.dim() == 2 else ()  # a member's scalars broadcast over its row
     bias_correction2_sqrt = (1 - beta2**count).sqrt()
     step_size = (learning_rate / bias_correction1).to(dtype).reshape(rows)
     denom = exp_avg_sq.sqrt().div_(bias_correction2_sqrt.to(dtype).reshape(rows)).add_(eps)
@@ -415,37 +432,3 @@ def rmsprop_update(
     square_avg.mul_(alpha).addcmul_(gradients, gradients, value=1 - alpha)
     average = square_avg.sqrt().add_(eps)
     parameters.addcdiv_(gradients * -learning_rate.to(parameters.dtype), average)
-
-
-def radam_update(
-    parameters: Tensor,
-    gradients: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    steps: Tensor,
-    learning_rate: Tensor,
-    betas: tuple[float, float],
-    eps: float,
-) -> None:
-    """torch's RAdam rule (no weight decay) in place, with no host sync: Adam's moments, and the step
-    rectified by the length of the approximated simple moving average (rho_t) once it exceeds 5, the
-    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch, computed in
-    float64 as torch computes it in Python floats)."""
-    beta1, beta2 = betas
-    dtype = parameters.dtype
-    steps += 1
-    exp_avg.lerp_(gradients, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(gradients, gradients, value=1 - beta2)
-    count = steps.double()
-    bias_correction1 = 1 - beta1**count
-    bias_correction2 = 1 - beta2**count
-    rho_infinity = 2 / (1 - beta2) - 1
-    rho = rho_infinity - 2 * count * beta2**count / bias_correction2
-    rectified = rho > 5.0
-    safe_rho = torch.where(rectified, rho, torch.full_like(rho, 6.0))  # no sqrt of a negative number
-    rectification = (
-        (safe_rho - 4) * (safe_rho - 2) * rho_infinity / ((rho_infinity - 4) * (rho_infinity - 2) * safe_rho)
-    ).sqrt()
-    adaptive = bias_correction2.sqrt().to(dtype) / exp_avg_sq.sqrt().add_(eps)
-    scale = torch.where(rectified, rectification.to(dtype) * adaptive, torch.ones_like(adaptive))
-    parameters.sub_(exp_avg / bias_correction1.to(dtype) * learning_rate.to(dtype) * scale)

@@ -166,11 +166,8 @@ class EpsilonGreedyQ(nn.Module):
 
 
 def q_lambda_targets(
-    rewards: Tensor,
-    values: Tensor,
+    rollout: RolloutBuffer,
     next_values: Tensor,
-    terminated: Tensor,
-    dones: Tensor,
     gamma: float,
     q_lambda: float,
     gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
@@ -178,10 +175,12 @@ def q_lambda_targets(
     """The Q(lambda) targets ``(T, N)`` of a rollout: ``G_t = r_t + gamma * next_t`` where ``next_t`` is
     0 if the episode terminated at step t, ``max_a Q`` of its final observation if it was truncated
     (``next_values[t]``), else ``(1 - lambda) * max_a Q(s_{t+1}) + lambda * G_{t+1}``; the last step of the
-    rollout bootstraps from ``next_values[T - 1]``. ``values[t]`` is ``max_a Q(s_t)`` (equal to
-    ``next_values[t - 1]`` within an episode): with it as the value, GAE's return is this recursion
+    rollout bootstraps from ``next_values[T - 1]``. The rollout's ``values[t]`` is ``max_a Q(s_t)`` (equal
+    to ``next_values[t - 1]`` within an episode): with it as the value, GAE's return is this recursion
     exactly (``gae``: :func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update)."""
-    return gae(rewards, values, next_values, terminated, dones, gamma, q_lambda)[1]
+    return gae(
+        rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.dones, gamma, q_lambda
+    )[1]
 
 
 def pqn_loss(
@@ -289,16 +288,7 @@ class PQN(Algorithm):
         # step's true next observation (the final one where an episode ended).
         with torch.no_grad():
             next_values = self.q_network(rollout.next_obs.flatten(0, 1)).amax(dim=1).view(horizon, num_envs)
-            returns = q_lambda_targets(
-                rollout.rewards,
-                rollout.values,
-                next_values,
-                rollout.terminated,
-                rollout.dones,
-                config.gamma,
-                config.q_lambda,
-                self.gae,
-            )
+            returns = q_lambda_targets(rollout, next_values, config.gamma, config.q_lambda, self.gae)
 
         # 2. The steps as samples, the targets as the one row of FlatSampler's targets.
         sampler = FlatSampler(config.minibatch_size, self.device)
