@@ -25,6 +25,7 @@ interpreter exit.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -108,6 +109,23 @@ def choose_start_method(
     if forkable and sys.platform.startswith("linux"):
         return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
+
+
+@contextlib.contextmanager
+def _frozen_garbage(forking: bool) -> Iterator[None]:
+    """Around a fork: every object of the parent's, garbage not yet collected included, goes to the
+    collector's permanent generation (``gc.freeze``), so that a forked child never finalizes what the
+    parent owns: a finalizer of a C++ object (EnvPool's, whose destructor joins threads that exist only
+    in the parent) can abort the child. An evaluation process forked late in the test suite died of signal
+    6 inside a garbage collection while building its networks. The parent's objects are unfrozen after."""
+    if not forking:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def death_cause(process: Any, what: str, start_method: str) -> str:
@@ -474,7 +492,8 @@ class WorkerPool:
             name=f"{self.name}-{worker}",
             daemon=True,
         )
-        process.start()
+        with _frozen_garbage(self.start_method == "fork"):
+            process.start()
         child.close()
         self.processes[worker] = process
         self._connections[worker] = parent
