@@ -5,8 +5,8 @@ env workers of :class:`~phalanx.envs.workers.ProcessVecEnv`, the PettingZoo adap
 evaluation process) writes only what a worker does with each message; the pool does the rest, the same
 way for all of them:
 
-- start methods: ``fork``, ``forkserver`` or ``spawn``, chosen by :func:`choose_start_method`, with
-  the modules a forkserver imports once for every worker it forks;
+- start methods: ``fork`` (the parent's objects frozen for the collector, so a child never finalizes
+  them), ``forkserver`` with its preloaded modules, or ``spawn`` (:func:`choose_start_method`);
 - shared buffers: named numpy arrays in shared memory that the owner and every worker see (actions in,
   observations out), so a step moves no array through a pipe;
 - framed messages: short byte frames (:func:`frame`) written straight to the pipe's descriptor for the
@@ -17,9 +17,8 @@ way for all of them:
   or signal, :func:`death_cause`) or hung reaches the owner as a :class:`Fault`, which the owner turns
   into a restart or its own error message.
 
-Workers ignore SIGINT and SIGTERM (a stop is the owner's to handle; it closes them), exit when the
-owner's end of the pipe is gone, and are closed by :meth:`WorkerPool.close`, garbage collection and
-interpreter exit.
+Workers ignore SIGINT and SIGTERM (a stop is the owner's to handle; it closes them), exit when the owner's
+end of the pipe is gone, and are closed by :meth:`WorkerPool.close`, garbage collection and interpreter exit.
 """
 
 from __future__ import annotations
@@ -111,30 +110,12 @@ def choose_start_method(
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
-@contextlib.contextmanager
-def _frozen_garbage(forking: bool) -> Iterator[None]:
-    """Around a fork: every object of the parent's, garbage not yet collected included, goes to the
-    collector's permanent generation (``gc.freeze``), so that a forked child never finalizes what the
-    parent owns: a finalizer of a C++ object (EnvPool's, whose destructor joins threads that exist only
-    in the parent) can abort the child. An evaluation process forked late in the test suite died of signal
-    6 inside a garbage collection while building its networks. The parent's objects are unfrozen after."""
-    if not forking:
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def death_cause(process: Any, what: str, start_method: str) -> str:
     """Why a worker process that sent nothing ended (its exit code or signal), for the error message.
 
-    A worker that exits with code 1 at start under spawn or forkserver is most often the caller's
-    script without a ``__main__`` guard: the new process imports that script, which builds the env
-    again and tries to start processes of its own. The cause then says how to fix it.
-    """
+    A worker that exits with code 1 at start under spawn or forkserver is most often the caller's script
+    without a ``__main__`` guard: the new process imports that script, which builds the env again and
+    tries to start processes of its own. The cause then says how to fix it."""
     process.join(timeout=1.0)
     code = process.exitcode
     died = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
@@ -155,8 +136,7 @@ class Fault(Exception):
     ``kind``: ``"fatal"`` (it raised one of its task's ``fatal`` errors, which a restart would not fix),
     ``"raised"`` (another error), ``"died"`` or ``"hung"``. ``summary``: the error's ``"Type: message"``,
     or the death's cause, or what was not answered in time; ``where``: what the task was working on
-    (a sub-env, a copy) or None; ``trace``: the worker's traceback.
-    """
+    (a sub-env, a copy) or None; ``trace``: the worker's traceback."""
 
     def __init__(
         self, worker: int, what: str, kind: str, summary: str, where: int | None, trace: str
@@ -492,8 +472,11 @@ class WorkerPool:
             name=f"{self.name}-{worker}",
             daemon=True,
         )
-        with _frozen_garbage(self.start_method == "fork"):
+        gc.freeze()  # a C++ destructor of the parent's (EnvPool's joins threads) run in a child aborts it
+        try:
             process.start()
+        finally:
+            gc.unfreeze()
         child.close()
         self.processes[worker] = process
         self._connections[worker] = parent
