@@ -1,5 +1,6 @@
 """MuJoCo PPO and SAC: phalanx's presets against CleanRL's ``ppo_continuous_action.py`` and
-``sac_continuous_action.py``, the same env, env steps and seeds, one run after another.
+``sac_continuous_action.py``, the same env, env steps and seeds, one run after another (or with
+``--concurrent`` both sides of a pair at the same time, one core each).
 
 CleanRL's scripts run unmodified (benchmarks/peers/cleanrl/, fetched byte for byte with their licence
 and the ``cleanrl_utils/buffers.py`` the SAC script imports; see benchmarks/peers/README.md) with their
@@ -19,7 +20,7 @@ MuJoCo 4.0.0 (CleanRL's own pin, ``mujoco<=2.3.3``, is for its Python <3.11), so
 same simulator build; the ``same env`` check at the start steps the env in each virtualenv with the same
 seed and actions and compares the trajectories (and times the env alone on each side).
 
-What is measured, per run (a process of its own; CleanRL then phalanx for each seed):
+What is measured, per run (a process of its own; CleanRL then phalanx for each seed, or both at once):
 - wall time: each side's own clock, which starts once its envs are built (the processes' imports and
   env creation are not training), to the end: phalanx's ``wall_time_s`` (summary.json, its final
   evaluation in it); CleanRL's from its ``start_time`` (not printed: found to a fraction of a second from
@@ -64,6 +65,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -597,10 +599,12 @@ def settings_of(
     eval_every: int | None,
     threads: int,
     extra: tuple[str, ...] = (),
+    concurrent: bool = False,
 ) -> dict[str, Any]:
     """What a pair of runs depends on besides its env and seed: a run recorded with other settings is run
     again when resuming."""
     return {
+        "concurrent": concurrent,
         "steps": steps,
         "learning_starts": learning_starts if algo == "sac" else None,
         "eval_every": eval_every,
@@ -655,6 +659,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="more `phalanx train` flags for phalanx's runs, e.g. --phalanx-flags=--compile",
     )
     parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run the two sides of a pair at the same time, one core each, instead of one after the other "
+        "(half the wall time on two cores; both share the machine's memory bandwidth and caches alike)",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results JSON (default benchmarks/results/vs_cleanrl-<date>.json)"
     )
     parser.add_argument("--child", choices=["env-check"], help=argparse.SUPPRESS)
@@ -704,7 +714,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_results(results, output)
 
     for algo in args.algos:
-        settings = settings_of(algo, steps[algo], args.learning_starts, args.eval_every, args.threads, extra)
+        settings = settings_of(
+            algo, steps[algo], args.learning_starts, args.eval_every, args.threads, extra, args.concurrent
+        )
         for env in args.envs:
             for seed in args.seeds:
                 key = f"{algo} {env} s{seed}"
@@ -717,22 +729,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ):
                     print(f"== {key}: recorded, not run again", flush=True)
                     continue
-                print(f"== {key}: CleanRL, {steps[algo]:,} env steps", flush=True)
-                cleanrl = run_cleanrl(
-                    python, algo, env, seed, steps[algo], args.learning_starts, args.threads, out
-                )
-                print(f"== {key}: phalanx, {steps[algo]:,} env steps", flush=True)
-                phalanx = run_phalanx(
-                    algo,
-                    env,
-                    seed,
-                    steps[algo],
-                    args.learning_starts,
-                    args.eval_every,
-                    args.threads,
-                    out,
-                    extra,
-                )
+                when = "at the same time" if args.concurrent else "one after the other"
+                print(f"== {key}: CleanRL and phalanx, {steps[algo]:,} env steps, {when}", flush=True)
+                with ThreadPoolExecutor(max_workers=2 if args.concurrent else 1) as pool:
+                    cleanrl_run = pool.submit(
+                        run_cleanrl,
+                        python,
+                        algo,
+                        env,
+                        seed,
+                        steps[algo],
+                        args.learning_starts,
+                        args.threads,
+                        out,
+                    )
+                    phalanx_run = pool.submit(
+                        run_phalanx,
+                        algo,
+                        env,
+                        seed,
+                        steps[algo],
+                        args.learning_starts,
+                        args.eval_every,
+                        args.threads,
+                        out,
+                        extra,
+                    )
+                    cleanrl, phalanx = cleanrl_run.result(), phalanx_run.result()
                 pair = {"algo": algo, "env": env, "seed": seed, "settings": settings}
                 pair.update(cleanrl=cleanrl, phalanx=phalanx, **compare(cleanrl, phalanx))
                 results["pairs"][key] = pair

@@ -198,3 +198,41 @@ def test_v5_ids_are_refused_with_the_v4_id_to_use(vs_cleanrl):
         vs_cleanrl.check_envs(["Hopper-v5"])
     with pytest.raises(SystemExit, match="Choose from HalfCheetah-v4"):
         vs_cleanrl.check_envs(["CartPole-v1"])
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_concurrent_runs_both_sides_of_a_pair_at_once(vs_cleanrl, monkeypatch, tmp_path, concurrent):
+    import threading
+    import time
+
+    running, overlapped = set(), []
+    lock = threading.Lock()
+
+    def side(name):
+        def run(*args, **kwargs):
+            with lock:
+                running.add(name)
+            time.sleep(0.3)
+            with lock:
+                overlapped.append(len(running) == 2)
+                running.discard(name)
+            fields = {"wall_time_s": 1.0, "final_return": 1.0}
+            return fields if name == "cleanrl" else {**fields, "evaluations": [[1.0, 100, 1.0]]}
+
+        return run
+
+    monkeypatch.setattr(vs_cleanrl, "peer_python", lambda *args: Path(sys.executable))
+    monkeypatch.setattr(vs_cleanrl, "env_check", lambda *args: {"observations": [[0.0]]})
+    monkeypatch.setattr(vs_cleanrl, "same_trajectory", lambda ours, theirs: {"same": True})
+    monkeypatch.setattr(vs_cleanrl, "run_cleanrl", side("cleanrl"))
+    monkeypatch.setattr(vs_cleanrl, "run_phalanx", side("phalanx"))
+    monkeypatch.setattr(vs_cleanrl, "compare", lambda cleanrl, phalanx: {"time_ratio": 1.0})
+    monkeypatch.setattr(vs_cleanrl, "summaries", lambda pairs: {})
+    monkeypatch.setattr(vs_cleanrl, "table", lambda pairs: "")
+    monkeypatch.setattr(vs_cleanrl, "summary_table", lambda summary: "")
+    output = tmp_path / "pairs.json"
+    arguments = ["--algos", "sac", "--envs", "HalfCheetah-v4", "--seeds", "1", "--output", str(output)]
+    vs_cleanrl.main(arguments + (["--concurrent"] if concurrent else []))
+    assert any(overlapped) == concurrent
+    recorded = json.loads(output.read_text())["pairs"]["sac HalfCheetah-v4 s1"]
+    assert recorded["settings"]["concurrent"] == concurrent
