@@ -138,6 +138,64 @@ def test_image_observations_go_through_the_cnn_encoder():
     assert torch.isfinite(pqn.update(rollout, progress=0.5)["q_loss"])
 
 
+@pytest.mark.parametrize(
+    "shape, encoder", [((4, 84, 84), "nature"), ((3, 16, 16), "impala"), ((10, 10, 4), "minatar")]
+)
+def test_the_cnn_encoder_has_layer_norms_before_its_activations(shape, encoder):
+    """CleanRL's pqn_atari_envpool.py Q-network: a LayerNorm over each convolution's whole output and
+    over the 512 features; without layer_norm, the plain encoder with the same initial weights."""
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    torch.manual_seed(0)
+    pqn = PQN(PQNConfig(hidden_sizes=(), encoder=encoder), space, gym.spaces.Discrete(4), torch.device("cpu"))
+    norms = [m.normalized_shape for m in pqn.q_network.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert (
+        norms
+        == {
+            "nature": [(32, 20, 20), (64, 9, 9), (64, 7, 7), (512,)],
+            "impala": [(16, 8, 8), (32, 4, 4), (32, 2, 2), (256,)],
+            "minatar": [(16, 8, 8), (128,)],  # MinAtar's (10, 10, C) images, channels last
+        }[encoder]
+    )
+    obs = torch.randint(0, 256, (5, *shape), dtype=torch.uint8)
+    assert pqn.q_network(obs).shape == (5, 4) and torch.isfinite(pqn.q_network(obs)).all()
+
+    torch.manual_seed(0)
+    plain = PQN(
+        PQNConfig(hidden_sizes=(), encoder=encoder, layer_norm=False), space, gym.spaces.Discrete(4), "cpu"
+    )
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in plain.q_network.modules())
+
+    def weights(module):  # the convolutions' and linear layers' parameters, in order
+        layers = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+        return [parameter for layer in layers for parameter in layer.parameters()]
+
+    assert all(map(torch.equal, weights(pqn.q_network), weights(plain.q_network)))  # the same draws
+    assert len(weights(plain.q_network)) == len(weights(pqn.q_network))
+
+
+def test_the_minatar_preset_trains_through_gymnax(tmp_path):
+    pytest.importorskip("gymnax", reason="MinAtar needs the jax extra (gymnax)")
+    run_dir = tmp_path / "run"
+    flags = ["--num-envs", "8", "--total-steps", "512", "--eval-every", "512", "--eval-episodes", "1"]
+    main(["train", "pqn", "gymnax:Breakout-MinAtar", *flags, "--run-dir", str(run_dir), "--torch-threads=1"])
+    settings = load_yaml(run_dir / "config.yaml")["hyperparameters"]
+    assert settings["encoder"] == "minatar" and settings["horizon"] == 32
+    assert (run_dir / "summary.json").is_file()
+
+
+def test_the_atari_presets_are_cleanrl_pqn_atari_envpool_settings():
+    from phalanx.config import presets
+
+    for env in ("envpool:Pong-v5", "envpool:Breakout-v5"):
+        preset = presets("pqn")[env]
+        settings = preset["hyperparameters"]
+        assert preset["num_envs"] == 8 and preset["total_steps"] == 10_000_000
+        assert settings["horizon"] == 128 and settings["epochs"] == 4
+        assert settings["minibatch_size"] == 8 * 128 // 4 and settings["layer_norm"] is True
+        assert (settings["exploration_final"], settings["exploration_fraction"]) == (0.01, 0.1)
+        assert settings["learning_rate"] == 2.5e-4 and settings["q_lambda"] == 0.65
+
+
 def test_state_dict_loads_into_another_instance_with_identical_predictions():
     source = build(seed=0)
     source.update(random_rollout(), progress=0.6)

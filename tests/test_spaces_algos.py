@@ -680,7 +680,7 @@ def test_encoder_choices_that_cannot_read_the_space(tmp_path):
 
 
 def test_encoder_setting_is_validated_with_the_config():
-    assert ENCODERS == ("auto", "mlp", "nature", "impala")
+    assert ENCODERS == ("auto", "mlp", "nature", "impala", "minatar")
     with pytest.raises(ConfigError, match=r"encoder = 'resnet' is invalid: expected one of \('auto'"):
         phalanx.make_config("ppo", "CartPole-v1", encoder="resnet").validate()
     with pytest.raises(

@@ -56,7 +56,8 @@ class PQNConfig(AlgoConfig):
     q_lambda: float = 0.65
     """Lambda of the Q(lambda) targets: 0 is one-step Q-learning, 1 the Monte Carlo return."""
     layer_norm: bool = True
-    """A LayerNorm before each hidden activation of the Q-network (what PQN's stability rests on)."""
+    """A LayerNorm before each hidden activation of the Q-network, in its CNN encoder too (what PQN's
+    stability rests on)."""
     max_grad_norm: float | None = 10.0
     """Clip the global gradient norm to this value (None: no clipping)."""
     anneal_lr: bool = True
@@ -214,7 +215,7 @@ class PQN(Algorithm):
         super().__init__(config, observation_space, action_space, device)
         assert isinstance(action_space, gym.spaces.Discrete), "check_spaces: Discrete actions"
         self.num_actions = int(action_space.n)
-        encoder, feature_dim = feature_encoder(observation_space, config.encoder)
+        encoder, feature_dim = feature_encoder(observation_space, config.encoder, config.layer_norm)
         self.q_network = QNetwork(
             encoder,
             feature_dim,

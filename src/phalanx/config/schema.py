@@ -35,9 +35,10 @@ WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 """Characters W&B refuses in a project name."""
 VIDEO_FORMATS = ("mp4", "gif")
 """The formats a video is written in: ``mp4`` (H.264, the default) or ``gif``."""
-ENCODERS = ("auto", "mlp", "nature", "impala")
+ENCODERS = ("auto", "mlp", "nature", "impala", "minatar")
 """``encoder`` values (``phalanx.nets.feature_encoder``): auto (a CNN for image spaces, none for vectors),
-mlp (no encoder: flat vectors only), nature (the Nature-DQN CNN), impala (the IMPALA ResNet)."""
+mlp (no encoder: flat vectors only), nature (the Nature-DQN CNN), impala (the IMPALA ResNet), minatar (the
+MinAtar paper's small CNN)."""
 
 
 @dataclass
@@ -55,7 +56,8 @@ class AlgoConfig:
     encoder: str = "auto"
     """Observation encoder in front of the networks: auto (a CNN for image observations: nature for
     images of 36x36 pixels or more, impala below; none for vectors), mlp (none: flat vectors only),
-    nature (the Nature-DQN CNN) or impala (the IMPALA ResNet). Dict observations: per image part."""
+    nature (the Nature-DQN CNN), impala (the IMPALA ResNet) or minatar (the MinAtar paper's small CNN). Dict
+    observations: per image part."""
     share_encoder: bool = True
     """Actor-critic algorithms with an encoder: one encoder for the policy and the value function
     (trained by both losses, as CleanRL's Atari PPO); false: each network its own."""
@@ -74,7 +76,7 @@ class AlgoConfig:
         check(self.activation in activations, "activation", self.activation, f"one of {activations}")
         check(self.encoder in ENCODERS, "encoder", self.encoder, f"one of {ENCODERS}")
         check(isinstance(self.share_encoder, bool), "share_encoder", self.share_encoder, "true or false")
-        if self.encoder in ("nature", "impala"):
+        if self.encoder in ("nature", "impala", "minatar"):
             algorithm = get_algorithm(run.algo)
             check(
                 "image" in algorithm.observations,

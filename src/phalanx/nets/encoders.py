@@ -62,28 +62,33 @@ def conv_init(layer: nn.Conv2d, gain: float = HIDDEN_GAIN) -> nn.Conv2d:
 
 class NatureCNN(ImageEncoder):
     """The CNN of Mnih et al. (2015): 32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1, ReLU, then a
-    linear layer of ``features`` (512) units with ReLU. Images must be at least 36x36."""
+    linear layer of ``features`` (512) units with ReLU. Images must be at least 36x36. ``layer_norm``: a
+    LayerNorm over each convolution's whole output (C, H, W) and over the linear layer's, before each ReLU
+    (PQN's Q-network)."""
 
-    def __init__(self, space: gym.spaces.Box, features: int = 512) -> None:
+    def __init__(self, space: gym.spaces.Box, features: int = 512, layer_norm: bool = False) -> None:
         super().__init__(space)
         if self.height < 36 or self.width < 36:
             raise ConfigError(
                 f"the nature CNN needs images of at least 36x36 pixels, but the observation space {space} "
                 f"holds {self.height}x{self.width} images. Use encoder 'impala' (any size >= 8x8) instead."
             )
-        convolutions = nn.Sequential(
-            conv_init(nn.Conv2d(self.channels, 32, 8, stride=4)),
-            nn.ReLU(),
-            conv_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            conv_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            flat = convolutions(torch.zeros(1, self.channels, self.height, self.width)).shape[1]
-        self.body = nn.Sequential(convolutions, layer_init(nn.Linear(flat, features), HIDDEN_GAIN), nn.ReLU())
+        layers: list[nn.Module] = []
+        shape = (self.channels, self.height, self.width)
+        for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            convolution = conv_init(nn.Conv2d(shape[0], out_channels, kernel, stride=stride))
+            shape = (out_channels, (shape[1] - kernel) // stride + 1, (shape[2] - kernel) // stride + 1)
+            layers += [convolution, *normalized(shape, layer_norm), nn.ReLU()]
+        convolutions = nn.Sequential(*layers, nn.Flatten())
+        flat = shape[0] * shape[1] * shape[2]
+        linear = layer_init(nn.Linear(flat, features), HIDDEN_GAIN)
+        self.body = nn.Sequential(convolutions, linear, *normalized((features,), layer_norm), nn.ReLU())
         self.out_dim = features
+
+
+def normalized(shape: tuple[int, ...], layer_norm: bool) -> list[nn.Module]:
+    """A LayerNorm over the trailing ``shape`` of a layer's output where ``layer_norm`` asks for it."""
+    return [nn.LayerNorm(list(shape))] if layer_norm else []
 
 
 class _ResidualBlock(nn.Module):
@@ -99,10 +104,15 @@ class _ResidualBlock(nn.Module):
 class ImpalaCNN(ImageEncoder):
     """The IMPALA ResNet (Espeholt et al., 2018): per stack of ``channels`` (16, 32, 32), a 3x3 convolution,
     3x3 max-pool stride 2 and two residual blocks; then ReLU and a linear layer of ``features`` (256)
-    units with ReLU. Images must be at least 8x8."""
+    units with ReLU. Images must be at least 8x8. ``layer_norm``: a LayerNorm over each stack's output
+    (C, H, W) and over the linear layer's, before its ReLU."""
 
     def __init__(
-        self, space: gym.spaces.Box, channels: Sequence[int] = (16, 32, 32), features: int = 256
+        self,
+        space: gym.spaces.Box,
+        channels: Sequence[int] = (16, 32, 32),
+        features: int = 256,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__(space)
         if self.height < 8 or self.width < 8:
@@ -112,19 +122,42 @@ class ImpalaCNN(ImageEncoder):
                 "'mlp'."
             )
         layers: list[nn.Module] = []
+        height, width = self.height, self.width
         in_channels = self.channels
         for out_channels in channels:
+            height, width = (height + 1) // 2, (width + 1) // 2  # the max-pool's output
             layers += [
                 conv_init(nn.Conv2d(in_channels, out_channels, 3, padding=1)),
                 nn.MaxPool2d(3, stride=2, padding=1),
                 _ResidualBlock(out_channels),
                 _ResidualBlock(out_channels),
+                *normalized((out_channels, height, width), layer_norm),
             ]
             in_channels = out_channels
         convolutions = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = convolutions(torch.zeros(1, self.channels, self.height, self.width)).shape[1]
-        self.body = nn.Sequential(convolutions, layer_init(nn.Linear(flat, features), HIDDEN_GAIN), nn.ReLU())
+        flat = in_channels * height * width
+        linear = layer_init(nn.Linear(flat, features), HIDDEN_GAIN)
+        self.body = nn.Sequential(convolutions, linear, *normalized((features,), layer_norm), nn.ReLU())
+        self.out_dim = features
+
+
+class MinAtarCNN(ImageEncoder):
+    """The network of the MinAtar paper (Young and Tian, 2019), which purejaxql's PQN uses on MinAtar: 16
+    3x3 convolutions (stride 1, no padding), ReLU, then a linear layer of ``features`` (128) units with
+    ReLU; with ``layer_norm``, a LayerNorm before each ReLU. Images must be at least 3x3."""
+
+    def __init__(self, space: gym.spaces.Box, features: int = 128, layer_norm: bool = False) -> None:
+        super().__init__(space)
+        if self.height < 3 or self.width < 3:
+            raise ConfigError(
+                f"the minatar CNN needs images of at least 3x3 pixels, but the observation space {space} "
+                f"holds {self.height}x{self.width} images. Flatten them and use encoder 'mlp'."
+            )
+        shape = (16, self.height - 2, self.width - 2)
+        convolution = conv_init(nn.Conv2d(self.channels, shape[0], 3))
+        convolutions = nn.Sequential(convolution, *normalized(shape, layer_norm), nn.ReLU(), nn.Flatten())
+        linear = layer_init(nn.Linear(shape[0] * shape[1] * shape[2], features), HIDDEN_GAIN)
+        self.body = nn.Sequential(convolutions, linear, *normalized((features,), layer_norm), nn.ReLU())
         self.out_dim = features
 
 
@@ -133,7 +166,7 @@ class DictEncoder(nn.Module):
     sorted key, each flattened): the vector is split into its parts, image parts go through a CNN of
     ``kind`` (their own), flat parts are passed as they are, and the features are concatenated."""
 
-    def __init__(self, space: gym.spaces.Dict, kind: str = "auto") -> None:
+    def __init__(self, space: gym.spaces.Dict, kind: str = "auto", layer_norm: bool = False) -> None:
         super().__init__()
         self.sizes: list[int] = []
         self.parts = nn.ModuleList()
@@ -141,7 +174,7 @@ class DictEncoder(nn.Module):
         for name, part in space.spaces.items():
             size = int(gym.spaces.flatdim(part))
             if is_image_space(part):
-                image_encoder = _image_encoder(part, kind, f"Dict part {name!r}")
+                image_encoder = _image_encoder(part, kind, f"Dict part {name!r}", layer_norm)
                 self.out_dim += image_encoder.out_dim
                 encoder: nn.Module = image_encoder
             elif isinstance(part, gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiBinary):
@@ -161,34 +194,38 @@ class DictEncoder(nn.Module):
         return torch.cat([encoder(piece) for encoder, piece in zip(self.parts, pieces, strict=True)], dim=-1)
 
 
-def _image_encoder(space: gym.spaces.Box, kind: str, where: str) -> ImageEncoder:
-    if kind == "impala":
-        return ImpalaCNN(space)
-    if kind == "nature":  # asked for: a ConfigError for images under 36x36, not another CNN
-        return NatureCNN(space)
+def _image_encoder(space: gym.spaces.Box, kind: str, where: str, layer_norm: bool) -> ImageEncoder:
     if kind == "auto":
         height, width = image_layout(space)[0][1:]
-        return NatureCNN(space) if min(height, width) >= 36 else ImpalaCNN(space)
+        kind = "nature" if min(height, width) >= 36 else "impala"
+    if kind == "impala":
+        return ImpalaCNN(space, layer_norm=layer_norm)
+    if kind == "nature":  # asked for: a ConfigError for images under 36x36, not another CNN
+        return NatureCNN(space, layer_norm=layer_norm)
+    if kind == "minatar":
+        return MinAtarCNN(space, layer_norm=layer_norm)
     raise ConfigError(
         f"encoder {kind!r} cannot read the images of {where} ({space}): an MLP needs flat vectors. Use "
-        "encoder 'auto' (a CNN chosen for the image size), 'nature' or 'impala'."
+        "encoder 'auto' (a CNN chosen for the image size), 'nature', 'impala' or 'minatar'."
     )
 
 
-def feature_encoder(space: gym.Space, kind: str = "auto") -> tuple[nn.Module | None, int]:
+def feature_encoder(
+    space: gym.Space, kind: str = "auto", layer_norm: bool = False
+) -> tuple[nn.Module | None, int]:
     """The encoder of observations of ``space`` and the size of its features: ``(None, obs_dim)`` for a
     1-D Box (its observations are the features); a CNN for images (``auto``: Nature for 36x36 or more,
-    IMPALA below); a :class:`DictEncoder` for a Dict. A ConfigError names the space and the fix where
-    ``kind`` cannot read it."""
+    IMPALA below), with LayerNorms where ``layer_norm`` asks; a :class:`DictEncoder` for a Dict. A
+    ConfigError names the space and the fix where ``kind`` cannot read it."""
     if kind not in ENCODERS:
         raise ConfigError(f"unknown encoder {kind!r}; valid encoders: {', '.join(ENCODERS)}.")
     if isinstance(space, gym.spaces.Dict):
-        dict_encoder = DictEncoder(space, kind)
+        dict_encoder = DictEncoder(space, kind, layer_norm)
         return dict_encoder, dict_encoder.out_dim
     if is_image_space(space):
-        image_encoder = _image_encoder(space, kind, "the observation space")
+        image_encoder = _image_encoder(space, kind, "the observation space", layer_norm)
         return image_encoder, image_encoder.out_dim
-    if kind in ("nature", "impala"):
+    if kind in ("nature", "impala", "minatar"):
         raise ConfigError(
             f"encoder {kind!r} is a CNN for images, but the observation space {space} is not an image space "
             "((C, H, W) or (H, W, C) Box). Use encoder 'auto' or 'mlp'."
