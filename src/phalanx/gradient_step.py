@@ -64,7 +64,8 @@ class GradientStep:
     nothing. ``max_grad_norm``: None (no clipping), a float (the global norm, as :func:`clip_grad_norm`)
     or, for :class:`VectorizedAdam`, a ``(P,)`` tensor read at every call (per member, as
     :func:`clip_member_grad_norm`; +inf: not clipped). The update rules are :func:`adam_update` (RAdam
-    with ``rectified``) and :func:`rmsprop_update`, torch's formulas element for element.
+    with ``rectified``; AdamW's decoupled weight decay where the Adam has it) and :func:`rmsprop_update`,
+    torch's formulas element for element.
     """
 
     def __init__(
@@ -204,15 +205,17 @@ def _update_rule(optimizer: FlatOptimizer) -> tuple[tuple[str, ...], Callable[..
         )
     group = optimizer.param_groups[0]
     if isinstance(optimizer, FlatAdam):
-        unsupported = {
-            "amsgrad": False,
-            "weight_decay": 0,
-            "maximize": False,
-            "decoupled_weight_decay": False,
-        }
+        # AdamW (make_adam's weight_decay) is in the rule; Adam's L2 weight decay is not
+        decoupled = group.get("decoupled_weight_decay", False)
+        unsupported = {"amsgrad": False, "maximize": False, **({} if decoupled else {"weight_decay": 0})}
         rule: tuple[tuple[str, ...], Callable[..., None]] = (
             ("exp_avg", "exp_avg_sq", "step"),
-            functools.partial(adam_update, betas=group["betas"], eps=group["eps"]),
+            functools.partial(
+                adam_update,
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"] if decoupled else 0.0,
+            ),
         )
     elif isinstance(optimizer, FlatRAdam):
         unsupported = {"weight_decay": 0, "maximize": False, "decoupled_weight_decay": False}

@@ -26,6 +26,7 @@ treatment with a member dimension: :func:`flatten_parameters` makes their parame
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -134,10 +135,11 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
 
     def step(self, closure: Any = None) -> Any:
         """torch's Adam step. Its usual case (the fused kernel, state made, no closure, no step hooks) is
-        the two calls torch's fused path makes, ``step += 1`` and ``torch._fused_adam_`` with the group's
-        values, made here directly: the same kernel on the same tensors, so the same bits, without the
-        ~130 us of Python (hook dispatch, profiler scope, grouping by device) torch spends around them on
-        every call, a tenth of a small network's gradient step. Every other case is torch's own step."""
+        the two calls torch's fused path makes, ``step += 1`` and ``torch._fused_adam_`` (AdamW's decoupled
+        weight decay: ``torch._fused_adamw_``) with the group's values, made here directly: the same kernel
+        on the same tensors, so the same bits, without the ~130 us of Python (hook dispatch, profiler
+        scope, grouping by device) torch spends around them on every call, a tenth of a small network's
+        gradient step. Every other case is torch's own step."""
         group = self.param_groups[0]
         state = self.state[self.flat.parameter]
         if (
@@ -145,7 +147,6 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
             or not state
             or not group.get("fused")
             or group["amsgrad"]
-            or group.get("decoupled_weight_decay", False)  # a group key since torch 2.6
             or self._optimizer_step_pre_hooks
             or self._optimizer_step_post_hooks
             or torch_optimizer._global_optimizer_pre_hooks
@@ -157,9 +158,11 @@ class FlatAdam(_FlatOptimizerMixin, torch.optim.Adam):
         parameter = self.flat.parameter
         assert parameter.grad is not None, "reattach() gives the flat parameter its gradient"
         beta1, beta2 = group["betas"]
+        # AdamW's decoupled weight decay is the other kernel, as torch picks it (a group key since torch 2.6)
+        kernel = torch._fused_adamw_ if group.get("decoupled_weight_decay", False) else torch._fused_adam_
         with torch.no_grad():
             state["step"] += 1
-            torch._fused_adam_(
+            kernel(
                 [parameter],
                 [parameter.grad],
                 [state["exp_avg"]],
@@ -228,9 +231,28 @@ def without_optimizers() -> Iterator[None]:
         _Building.optimizers = before
 
 
-def make_adam(parameters: Sequence[Tensor], **kwargs: Any) -> torch.optim.Optimizer | None:
+DECOUPLED_WEIGHT_DECAY = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters
+"""Whether this torch's Adam takes ``decoupled_weight_decay`` (AdamW as a flag of Adam: torch >= 2.6)."""
+
+
+def make_adam(
+    parameters: Sequence[Tensor], *, weight_decay: float = 0.0, **kwargs: Any
+) -> torch.optim.Optimizer | None:
     """Adam over a flat buffer of ``parameters`` (see the module docstring); None inside
-    :func:`without_optimizers`."""
+    :func:`without_optimizers`.
+
+    ``weight_decay``: AdamW's decoupled weight decay (Loshchilov & Hutter), torch's
+    ``Adam(decoupled_weight_decay=True)``: each step first shrinks the parameters by
+    ``lr * weight_decay`` of themselves. 0 builds plain Adam, the optimiser of every run before it.
+    Adam's other weight decay, an L2 term in the gradient, is not offered (no algorithm here uses it)."""
+    if weight_decay:
+        if not DECOUPLED_WEIGHT_DECAY:
+            raise ValueError(
+                f"make_adam: weight_decay = {weight_decay} needs torch >= 2.6 (Adam's "
+                f"decoupled_weight_decay), this is torch {torch.__version__}. Upgrade torch or set "
+                "weight_decay to 0."
+            )
+        kwargs.update(weight_decay=weight_decay, decoupled_weight_decay=True)
     return FlatAdam(parameters, **kwargs) if _Building.optimizers else None
 
 
@@ -381,17 +403,25 @@ def adam_update(
     betas: tuple[float, float],
     eps: float,
     rectified: bool = False,
+    weight_decay: float = 0.0,
 ) -> None:
-    """torch's Adam rule (no weight decay, no amsgrad) in place, with no host sync: ``(D,)`` parameters
+    """torch's Adam rule (no amsgrad) in place, with no host sync: ``(D,)`` parameters
     with a ``()`` step count and learning rate (a flat ``torch.optim.Adam``'s own state), or P members'
     ``(P, D)`` with ``(P,)`` of each (:class:`VectorizedAdam`). The bias corrections and the step size are
     computed in float64, as torch computes them in Python floats, then used in the parameters' dtype.
 
     ``rectified``: torch's RAdam rule (no weight decay, ``(D,)`` parameters): the same moments, and the
     step rectified by the length of the approximated simple moving average (rho_t) once it exceeds 5, the
-    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch)."""
+    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch).
+
+    ``weight_decay``: AdamW's decoupled weight decay (torch's ``Adam(decoupled_weight_decay=True)``): the
+    parameters first lose ``lr * weight_decay`` of themselves, then take the Adam step; 0 (the default)
+    adds no op."""
     beta1, beta2 = betas
     dtype = parameters.dtype
+    rows = (-1, 1) if parameters.dim() == 2 else ()  # a member's scalars broadcast over its row
+    if weight_decay:
+        parameters.sub_(parameters * (learning_rate * weight_decay).to(dtype).reshape(rows))
     steps += 1
     exp_avg.lerp_(gradients, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(gradients, gradients, value=1 - beta2)
@@ -409,7 +439,6 @@ def adam_update(
         scale = torch.where(rectify, rectification.to(dtype) * adaptive, torch.ones_like(adaptive))
         parameters.sub_(exp_avg / bias_correction1.to(dtype) * learning_rate.to(dtype) * scale)
         return
-    rows = (-1, 1) if parameters.dim() == 2 else ()  # a member's scalars broadcast over its row
     bias_correction2_sqrt = (1 - beta2**count).sqrt()
     step_size = (learning_rate / bias_correction1).to(dtype).reshape(rows)
     denom = exp_avg_sq.sqrt().div_(bias_correction2_sqrt.to(dtype).reshape(rows)).add_(eps)

@@ -51,9 +51,10 @@ from phalanx.algos.base import (
 )
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
+from phalanx.errors import ConfigError
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import EnsembleMLP, mlp, obs_dim
-from phalanx.optim import make_adam
+from phalanx.optim import DECOUPLED_WEIGHT_DECAY, make_adam
 
 TARGET_REDUCTIONS = ("min", "mean", "redq")
 Tensor = torch.Tensor
@@ -69,6 +70,13 @@ class EnsembleCriticConfig(OffPolicyConfig):
     """Critic learning rate (None: the actor's)."""
     hidden_sizes: tuple[int, ...] = (256, 256)
     activation: str = "relu"
+    bf16: bool = False
+    """Run the actor's and the critics' forward passes and losses under bfloat16 autocast on CUDA (weights,
+    gradients and optimiser states stay float32), as FastTD3 does; CUDA devices only."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay of the actor's and the critics' optimisers (not of SAC's
+    temperature): each step shrinks the weights by ``lr * weight_decay`` of themselves (FastTD3: 0.1).
+    0: plain Adam."""
     num_critics: int = 1
     """K critics trained as one batched network."""
     target_reduction: str = "min"
@@ -84,6 +92,20 @@ class EnsembleCriticConfig(OffPolicyConfig):
         check(
             lr is None or lr > 0, "critic_learning_rate", lr, "a positive number, or None for learning_rate"
         )
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0 (0: plain Adam)")
+        check(
+            not self.weight_decay or DECOUPLED_WEIGHT_DECAY,
+            "weight_decay",
+            self.weight_decay,
+            f"0 with torch {torch.__version__}: AdamW's weight decay needs torch >= 2.6 (Adam's "
+            "decoupled_weight_decay); upgrade torch",
+        )
+        device = run.device.split(":")[0]
+        if self.bf16 and device != "cuda":
+            raise ConfigError(
+                f"bf16 autocast is for CUDA devices; this run's device is {device}: drop bf16 or pass "
+                "--device cuda."
+            )
         check(self.num_critics >= 1, "num_critics", self.num_critics, "an integer >= 1")
         check(
             self.target_reduction in TARGET_REDUCTIONS,
@@ -108,10 +130,25 @@ class DDPGConfig(EnsembleCriticConfig):
 
     exploration_noise: float = 0.1
     """Standard deviation of the Gaussian noise added to actions in [-1, 1] during collection."""
+    exploration_noise_range: tuple[float, float] | None = None
+    """Per-env noise (FastTD3's ``(0.001, 0.4)``): each sub-env's own standard deviation, spread evenly
+    from low to high over the sub-envs (:class:`GaussianExploration`). It replaces exploration_noise,
+    which is then not read. None: exploration_noise for every sub-env."""
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
         check(self.exploration_noise >= 0, "exploration_noise", self.exploration_noise, ">= 0")
+        name, spread = "exploration_noise_range", self.exploration_noise_range
+        if spread is None:
+            return
+        pair = isinstance(spread, tuple | list) and len(spread) == 2
+        numbers = pair and all(isinstance(v, int | float) and not isinstance(v, bool) for v in spread)
+        check(numbers, name, spread, "a pair [low, high] of standard deviations, e.g. [0.001, 0.4]")
+        low, high = spread
+        check(low >= 0, name, spread, f"standard deviations >= 0, but low = {low}")
+        check(low <= high, name, spread, f"low <= high, but {low} > {high}; write [low, high]")
+        expected = f"None with num_envs = {run.num_envs}: per-env noise needs at least 2 sub-envs; with one"
+        check(run.num_envs >= 2, name, spread, expected + " env use exploration_noise")
 
 
 # -- the learning rule, written once --------------------------------------------------------------
@@ -352,9 +389,12 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_parameters = list(self.critic.parameters())
         self.critic_polyak = PolyakPair(self.critic_target, self.critic)
-        self.actor_optimizer = make_adam(list(self.actor.parameters()), lr=config.learning_rate)
+        decay = config.weight_decay
+        self.actor_optimizer = make_adam(
+            list(self.actor.parameters()), lr=config.learning_rate, weight_decay=decay
+        )
         critic_lr = config.critic_learning_rate or config.learning_rate
-        self.critic_optimizer = make_adam(self.critic_parameters, lr=critic_lr)
+        self.critic_optimizer = make_adam(self.critic_parameters, lr=critic_lr, weight_decay=decay)
         self.updates = 0
         self.critic_gradient_step: GradientStep | None = None
         """The critics' compiled gradient step (:meth:`compile`); None: the eager step, the reference."""
@@ -374,13 +414,13 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             self.critic_gradient_step = GradientStep(
                 self.critic_optimizer,  # type: ignore[arg-type]  # make_adam builds a flat one
                 [self.critic],
-                functools.partial(self.rule.critic_loss, self),
+                self.in_precision(functools.partial(self.rule.critic_loss, self)),
             )
             self.actor_gradient_step = GradientStep(
                 # ignored below: make_adam's optimiser, None only inside without_optimizers (no compile there)
                 self.actor_optimizer,  # type: ignore[arg-type]
                 [self.actor],
-                functools.partial(self.rule.actor_loss, self),
+                self.in_precision(functools.partial(self.rule.actor_loss, self)),
             )
             self.critic_gradient_step.compile()
             self.actor_gradient_step.compile()
@@ -398,11 +438,25 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         return reduce_critics(q_values, config, subset, dim=0)
 
     # -- the learner's side of the rule: optimiser steps ----------------------------------------
+    def in_precision(self, loss: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss`` as it runs in :meth:`step_critic` and :meth:`step_actor`, eager or compiled: itself, or
+        with ``config.bf16`` under bfloat16 autocast on this learner's device (its matmuls in bfloat16 on
+        float32 weights, as FastTD3's update; runs allow it on CUDA only), its outputs back in float32 so
+        that the gradients, the metrics and SAC's temperature step are float32 as without it."""
+        if not self.config.bf16:
+            return loss
+
+        def autocast_loss(*inputs: Any) -> Any:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                return float32(loss(*inputs))
+
+        return autocast_loss
+
     def step_critic(self, batch: ReplayBatch, draws: TargetDraws, hp: Any) -> tuple[Tensor, Tensor]:
         if self.critic_gradient_step is not None and self.group is None:
             with torch.no_grad():  # the step differentiates with torch.func, which no_grad leaves alone
                 return self.critic_gradient_step(batch, draws, hp)
-        loss, q_mean = self.rule.critic_loss(self, batch, draws, hp)
+        loss, q_mean = self.in_precision(self.rule.critic_loss)(self, batch, draws, hp)
         assert self.critic_optimizer is not None, "a learning algorithm has its optimisers"
         self.minimise(loss, self.critic_optimizer)
         return loss.detach(), q_mean
@@ -411,7 +465,7 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         if self.actor_gradient_step is not None and self.group is None:
             with torch.no_grad():
                 return self.actor_gradient_step(obs, noise, hp)
-        loss, metrics = self.rule.actor_loss(self, obs, noise, hp)
+        loss, metrics = self.in_precision(self.rule.actor_loss)(self, obs, noise, hp)
         assert self.actor_optimizer is not None, "a learning algorithm has its optimisers"
         self.minimise(loss, self.actor_optimizer)
         return loss.detach(), metrics
@@ -425,18 +479,54 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
             parameter.requires_grad_(requires_grad)
 
 
-class GaussianExploration(ExplorationPolicy):
-    """DDPG's exploration: the deterministic actor's action plus Gaussian noise, clipped to [-1, 1]."""
+def float32(outputs: Any) -> Any:
+    """A loss's outputs (tensors, in tuples and dicts) with their floating-point tensors in float32."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float() if outputs.is_floating_point() else outputs
+    if isinstance(outputs, tuple):
+        return tuple(float32(value) for value in outputs)
+    if isinstance(outputs, dict):
+        return {key: float32(value) for key, value in outputs.items()}
+    return outputs
 
-    def __init__(self, actor: nn.Module, noise: float) -> None:
+
+class GaussianExploration(ExplorationPolicy):
+    """DDPG's exploration: the deterministic actor's action plus Gaussian noise, clipped to [-1, 1].
+
+    Its standard deviation is ``noise`` or, with ``noise_range = (low, high)``, each sub-env's own
+    (FastTD3's per-env noise: some sub-envs stay near the policy, others explore widely), evenly spaced
+    from low (first row) to high (last row) over the rows of each acting call (one row: the middle).
+    FastTD3 draws each env's value uniformly and redraws it at the env's episode ends; an exploration
+    policy sees observations, not episode ends, so the spread is fixed, as PQN's per-env epsilons
+    (``EpsilonGreedyQ.epsilons``): no random draw beyond the noise, and with --overlap each half of the
+    sub-envs gets the whole spread."""
+
+    def __init__(
+        self, actor: nn.Module, noise: float, noise_range: tuple[float, float] | None = None
+    ) -> None:
         super().__init__()
         self.actor = actor
         self.noise = noise
+        self.noise_range = noise_range
+        self.row_scales: Tensor | None = None  # the last call's (N, 1), kept: N rarely changes
+
+    def scales(self, actions: Tensor) -> float | Tensor:
+        """The noise's standard deviation for ``actions`` ``(N, A)``: ``noise``, or ``(N, 1)`` per row."""
+        if self.noise_range is None:
+            return self.noise
+        rows, scales = actions.shape[0], self.row_scales
+        if scales is None or scales.shape[0] != rows or scales.device != actions.device:
+            low, high = self.noise_range
+            if rows == 1:
+                low = high = (low + high) / 2
+            scales = torch.linspace(low, high, rows, dtype=actions.dtype, device=actions.device)
+            self.row_scales = scales = scales.unsqueeze(1)
+        return scales
 
     @torch.no_grad()
     def forward(self, obs: torch.Tensor, steps: int) -> torch.Tensor:
         actions = self.actor(obs)
-        return (actions + self.noise * torch.randn_like(actions)).clamp(-1.0, 1.0)
+        return (actions + self.scales(actions) * torch.randn_like(actions)).clamp(-1.0, 1.0)
 
 
 class ActorActing(ActingModule):
@@ -462,7 +552,9 @@ class DDPG(EnsembleCriticAlgorithm):
         super().__init__(config, observation_space, action_space, device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.actor_polyak = PolyakPair(self.actor_target, self.actor)
-        self.exploration = GaussianExploration(self.actor, config.exploration_noise)
+        self.exploration = GaussianExploration(
+            self.actor, config.exploration_noise, config.exploration_noise_range
+        )
 
     def make_actor(self) -> nn.Module:
         config = self.config

@@ -34,6 +34,7 @@ from torch import nn
 from phalanx.algos.base import ActingModule, PolyakPair, no_stochastic_policy
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
+from phalanx.config import TrainConfig, check
 from phalanx.marl.base import (
     MultiAgentAlgorithm,
     agent_id_dim,
@@ -65,6 +66,14 @@ class MADDPGConfig(DDPGConfig):
     share_parameters: bool = True
     """Agents of a group share one actor and one critic ensemble, with a one-hot agent id appended to
     their inputs (False: every agent has its own, as members of one batched network)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        """Refuses the single-agent options MADDPG lacks (weight_decay, bf16, exploration_noise_range), then
+        DDPG's checks."""
+        for name, off in (("weight_decay", 0.0), ("bf16", False), ("exploration_noise_range", None)):
+            value = getattr(self, name)
+            check(value == off, name, value, f"{off}: {run.algo} does not take it yet (DDPG, TD3 and SAC do)")
+        super().validate(run)
 
 
 @dataclass

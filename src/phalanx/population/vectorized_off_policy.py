@@ -241,6 +241,18 @@ class VectorizedOffPolicy(VectorizedPopulation):
                 f"n_step={n_step}). Turn them off, or train the members as separate "
                 "runs (the process backend)."
             )
+        off = {"weight_decay": 0.0, "bf16": False, "exploration_noise_range": None}
+        chosen = {
+            name: value
+            for name, value in vars(config.hyperparameters).items()
+            if name in off and value != off[name]
+        }
+        if chosen:
+            raise ConfigError(
+                f"{cls.__name__} has no {', '.join(chosen)} yet (got {chosen}): its members step one batched "
+                "Adam without weight decay, in float32, with one exploration noise per member. Drop them, or "
+                "train the members as separate runs (the process backend)."
+            )
 
     # -- construction --------------------------------------------------------------------------------
     def _build_members(self, algorithms: list[Algorithm]) -> None:
