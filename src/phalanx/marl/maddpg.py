@@ -34,6 +34,7 @@ from torch import nn
 from phalanx.algos.base import ActingModule, PolyakPair, no_stochastic_policy
 from phalanx.algos.ddpg import DDPGConfig, EnsembleCriticAlgorithm
 from phalanx.algos.td3 import TD3Config
+from phalanx.config import TrainConfig, check
 from phalanx.marl.base import (
     MultiAgentAlgorithm,
     agent_id_dim,
@@ -65,6 +66,12 @@ class MADDPGConfig(DDPGConfig):
     share_parameters: bool = True
     """Agents of a group share one actor and one critic ensemble, with a one-hot agent id appended to
     their inputs (False: every agent has its own, as members of one batched network)."""
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        unsupported = f"unset for {run.algo}, whose critics are scalar MLPs (an option of ddpg, td3 and sac)"
+        check(self.critic_layer_norm is False, "critic_layer_norm", self.critic_layer_norm, unsupported)
+        check(self.critic_atoms is None, "critic_atoms", self.critic_atoms, unsupported)
 
 
 @dataclass
