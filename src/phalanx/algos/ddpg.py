@@ -10,9 +10,12 @@ update, :func:`ensemble_critic_update`, top to bottom:
 2. the critics' loss and step: the TD target ``r + discount * V(s')`` where ``V(s')`` reduces the K
    target critics at the next action by ``min``, ``mean`` or REDQ's ``min`` over a random subset of M
    (DDPG: the target actor's action; TD3: plus clipped noise; SAC: a sample, minus alpha * log-prob),
-   and the squared TD error summed over critics, averaged over the batch (:func:`td_loss`);
-3. every ``policy_delay`` updates, the actor's loss and step (``-mean over critics of Q(s, pi(s))``,
-   plus the entropy term for SAC), SAC's temperature step, and a Polyak step of the target networks;
+   and the squared TD error summed over critics, averaged over the batch (:func:`td_loss`); with
+   ``critic_atoms``, categorical critics and their distributional target instead
+   (:func:`categorical_critic_loss`, :mod:`phalanx.algos.distributional`);
+3. every ``policy_delay`` updates, the actor's loss and step (``-mean over critics of Q(s, pi(s))``;
+   with ``critic_atoms``, FastTD3's: expected values reduced as the target is; plus the entropy term for
+   SAC), SAC's temperature step, and a Polyak step of the target networks;
 4. the metrics.
 
 ``discount`` folds in n-step returns and terminal states (``phalanx.buffers.ReplayBatch``).
@@ -48,6 +51,14 @@ from phalanx.algos.base import (
     OffPolicyConfig,
     PolyakPair,
     no_stochastic_policy,
+)
+from phalanx.algos.distributional import (
+    categorical_td_loss,
+    expected_values,
+    project_distribution,
+    reduce_distributions,
+    validate_categorical_critic,
+    value_support,
 )
 from phalanx.buffers import ReplayBatch
 from phalanx.config import TrainConfig, check
@@ -85,9 +96,22 @@ class EnsembleCriticConfig(OffPolicyConfig):
     """M, the size of REDQ's random subset of critics (target_reduction = redq)."""
     policy_delay: int = 1
     """Critic updates per actor (and target network) update."""
+    critic_layer_norm: bool = False
+    """A LayerNorm (each critic its own affine weights) between each hidden layer of the critics and its
+    activation, as PQN's Q-network has."""
+    critic_atoms: int | None = None
+    """Distributional (C51) critics: each critic's logits over this many atoms evenly spaced on
+    [v_min, v_max], e.g. 101 (FastTD3's); None: a scalar Q per critic."""
+    v_min: float | None = None
+    """With critic_atoms: the smallest return the atoms cover, e.g. -250."""
+    v_max: float | None = None
+    """With critic_atoms: the largest return the atoms cover, e.g. 250."""
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
+        layer_norm = self.critic_layer_norm
+        check(isinstance(layer_norm, bool), "critic_layer_norm", layer_norm, "true or false")
+        validate_categorical_critic(self)
         lr = self.critic_learning_rate
         check(
             lr is None or lr > 0, "critic_learning_rate", lr, "a positive number, or None for learning_rate"
@@ -181,14 +205,29 @@ GLOBAL_DRAWS = Draws()
 """The draws of every single run (the class holds no state)."""
 
 
-def q_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
-    """Q of every critic: ``(K, B)`` for obs ``(B, obs_dim)``; ``(P, K, B)`` for obs ``(P, B, obs_dim)``
-    and a critic of ``P * K`` members (member p's K critics see member p's rows)."""
+def critic_outputs(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
+    """The outputs of every critic, ``(K, B, out)`` for obs ``(B, obs_dim)``; ``(P, K, B, out)`` for obs
+    ``(P, B, obs_dim)`` and a critic of ``P * K`` members (member p's K critics see member p's rows).
+    ``out`` is 1 (a scalar Q) or ``critic_atoms`` (logits)."""
     inputs = torch.cat([obs, actions], dim=-1)  # (*lead, B, in)
     lead, rows = inputs.shape[:-2], inputs.shape[-2:]
     critics = critic.num_members // math.prod(lead)
     expanded = inputs.unsqueeze(-3).expand(*lead, critics, *rows).reshape(-1, *rows)
-    return critic(expanded).view(*lead, critics, rows[0])
+    return critic(expanded).view(*lead, critics, rows[0], -1)
+
+
+def q_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor) -> Tensor:
+    """Q of every scalar critic: ``(K, B)``, or ``(P, K, B)`` (:func:`critic_outputs`)."""
+    return critic_outputs(critic, obs, actions).squeeze(-1)
+
+
+def critic_values(critic: EnsembleMLP, obs: Tensor, actions: Tensor, hp: Any) -> Tensor:
+    """Q of every critic, ``(K, B)`` or ``(P, K, B)``, of either kind: a scalar critic's output, or (with
+    ``hp.critic_atoms``) the expected value of a categorical critic's distribution."""
+    if hp.critic_atoms is None:
+        return q_values(critic, obs, actions)
+    logits = critic_outputs(critic, obs, actions)
+    return expected_values(logits.softmax(dim=-1), value_support(hp, logits))
 
 
 def reduce_critics(q_values: Tensor, hp: Any, subset: Tensor | None, dim: int = -2) -> Tensor:
@@ -331,6 +370,26 @@ def td_loss(critic: EnsembleMLP, batch: ReplayBatch, next_values: Tensor) -> tup
     return loss, q.detach().mean(dim=(-2, -1))
 
 
+def categorical_critic_loss(
+    learner: ActorCritic, batch: ReplayBatch, next_actions: Tensor, next_entropy: Tensor | None, hp: Any
+) -> tuple[Tensor, Tensor]:
+    """The critics' loss with ``hp.critic_atoms``: each target critic's distribution at the next action
+    moved to ``r + discount * (Z - next_entropy)`` (SAC's ``alpha * log pi(a'|s')``; None: 0) and
+    projected onto the support, the K projected targets reduced by ``hp.target_reduction``, and the
+    cross-entropy to that (:mod:`phalanx.algos.distributional`)."""
+    with torch.no_grad():
+        next_logits = critic_outputs(learner.critic_target, batch.next_obs, next_actions)  # (K, B, atoms)
+        support = value_support(hp, next_logits)
+        rewards = batch.rewards if next_entropy is None else batch.rewards - batch.discounts * next_entropy
+        # one reward and discount per sample (B,) for all K critics: unsqueeze the critics' dim
+        targets = project_distribution(
+            next_logits.softmax(dim=-1), support, rewards.unsqueeze(-2), batch.discounts.unsqueeze(-2)
+        )
+        target = reduce_distributions(targets, support, hp.target_reduction)  # (B, atoms)
+    logits = critic_outputs(learner.critic, batch.obs, batch.actions)
+    return categorical_td_loss(logits, target, support)
+
+
 def target_actions(actor_target: nn.Module, next_obs: Tensor, noise: Tensor | None, hp: Any) -> Tensor:
     """The TD target's next action: the target actor's (DDPG); with ``noise`` (TD3, whose rule draws it)
     plus target policy smoothing, ``hp.target_noise`` times the noise clipped to
@@ -347,9 +406,13 @@ def ddpg_critic_loss(
     learner: TargetActorCritic, batch: ReplayBatch, draws: TargetDraws, hp: Any
 ) -> tuple[Tensor, Tensor]:
     """DDPG's and TD3's critic loss: :func:`td_loss` with ``V(s')`` the target critics at the target
-    action (:func:`target_actions`), reduced over the K critics (:func:`reduce_critics`)."""
+    action (:func:`target_actions`), reduced over the K critics (:func:`reduce_critics`); with
+    ``hp.critic_atoms``, :func:`categorical_critic_loss` at that action."""
     with torch.no_grad():
         next_actions = target_actions(learner.actor_target, batch.next_obs, draws.noise, hp)
+    if hp.critic_atoms is not None:
+        return categorical_critic_loss(learner, batch, next_actions, None, hp)
+    with torch.no_grad():
         q_next = q_values(learner.critic_target, batch.next_obs, next_actions)
         next_values = reduce_critics(q_next, hp, draws.subset)  # (B,)
     return td_loss(learner.critic, batch, next_values)
@@ -358,8 +421,13 @@ def ddpg_critic_loss(
 def ddpg_actor_loss(
     learner: ActorCritic, obs: Tensor, noise: Tensor | None, hp: Any
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """DDPG's and TD3's actor loss, ``-mean over critics of Q(s, pi(s))``; no metrics."""
-    return -q_values(learner.critic, obs, learner.actor(obs)).mean(dim=(-2, -1)), {}
+    """DDPG's and TD3's actor loss, ``-mean over critics of Q(s, pi(s))``; no metrics. With
+    ``hp.critic_atoms``, FastTD3's: ``-`` the critics' expected values reduced as the target is (min, its
+    clipped double Q; or mean), averaged over the batch."""
+    values = critic_values(learner.critic, obs, learner.actor(obs), hp)  # (K, B)
+    if hp.critic_atoms is None:
+        return -values.mean(dim=(-2, -1)), {}
+    return -reduce_critics(values, hp, None).mean(dim=-1), {}
 
 
 DDPG_RULE = LearningRule(ddpg_critic_loss, ddpg_actor_loss)
@@ -384,7 +452,12 @@ class EnsembleCriticAlgorithm(OffPolicyAlgorithm):
         self.action_dim = int(action_space.shape[0])
         self.actor = self.make_actor().to(self.device)
         self.critic = EnsembleMLP(
-            config.num_critics, self.obs_dim + self.action_dim, config.hidden_sizes, 1, config.activation
+            config.num_critics,
+            self.obs_dim + self.action_dim,
+            config.hidden_sizes,
+            config.critic_atoms or 1,  # logits over the atoms, or a scalar Q
+            config.activation,
+            layer_norm=config.critic_layer_norm,
         ).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_parameters = list(self.critic.parameters())

@@ -30,6 +30,8 @@ from phalanx.algos.ddpg import (
     EnsembleCriticLearner,
     LearningRule,
     TargetDraws,
+    categorical_critic_loss,
+    critic_values,
     member_view,
     q_values,
     reduce_critics,
@@ -162,10 +164,15 @@ def sac_critic_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SAC's critic loss: :func:`~phalanx.algos.ddpg.td_loss` towards the soft target, ``V(s')`` the K
     target critics at a sampled action ``a' ~ pi(.|s')`` reduced (min, mean, REDQ's subset) minus
-    ``alpha * log pi(a'|s')``."""
+    ``alpha * log pi(a'|s')``; with ``hp.critic_atoms``, :func:`~phalanx.algos.ddpg.categorical_critic_loss`
+    at that action, ``alpha * log pi(a'|s')`` shifting the target distribution as the reward does."""
     assert draws.noise is not None, "SAC's rule draws the noise of the target actions"
     with torch.no_grad():
         next_actions, next_log_probs = learner.actor.sample(batch.next_obs, draws.noise)
+    if hp.critic_atoms is not None:
+        next_entropy = member_view(learner.alpha, next_log_probs) * next_log_probs
+        return categorical_critic_loss(learner, batch, next_actions, next_entropy, hp)
+    with torch.no_grad():
         q_next = q_values(learner.critic_target, batch.next_obs, next_actions)  # (K, B)
         q_next = reduce_critics(q_next, hp, draws.subset)  # (B,)
         next_values = q_next - member_view(learner.alpha, q_next) * next_log_probs
@@ -176,10 +183,12 @@ def sac_actor_loss(
     learner: SACLearner, obs: torch.Tensor, noise: torch.Tensor | None, hp: Any
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAC's actor loss ``alpha * log pi(a|s) - mean_k Q_k(s, a)`` for the action ``a`` of ``noise``;
-    metrics: the entropy, and the log-probabilities for :func:`sac_alpha_step`."""
+    metrics: the entropy, and the log-probabilities for :func:`sac_alpha_step`. With ``hp.critic_atoms``,
+    the critics' expected values reduced as the target is (min or mean), as FastTD3's actor does."""
     assert noise is not None, "SAC's rule draws the noise of the actor's actions"
     actions, log_probs = learner.actor.sample(obs, noise)
-    q_mean = q_values(learner.critic, obs, actions).mean(dim=-2)  # mean over critics, (B,)
+    values = critic_values(learner.critic, obs, actions, hp)  # (K, B)
+    q_mean = values.mean(dim=-2) if hp.critic_atoms is None else reduce_critics(values, hp, None)  # (B,)
     loss = (member_view(learner.alpha, log_probs) * log_probs - q_mean).mean(dim=-1)
     return loss, {"entropy": -log_probs.detach().mean(dim=-1), "log_probs": log_probs.detach()}
 

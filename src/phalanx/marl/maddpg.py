@@ -68,9 +68,16 @@ class MADDPGConfig(DDPGConfig):
     their inputs (False: every agent has its own, as members of one batched network)."""
 
     def validate(self, run: TrainConfig) -> None:
-        """Refuses the single-agent options MADDPG lacks (weight_decay, bf16, exploration_noise_range), then
-        DDPG's checks."""
-        for name, off in (("weight_decay", 0.0), ("bf16", False), ("exploration_noise_range", None)):
+        """Refuses the single-agent options MADDPG lacks (the parallel recipe's weight_decay, bf16,
+        exploration_noise_range, critic_layer_norm, critic_atoms), then DDPG's checks."""
+        unset = {
+            "weight_decay": 0.0,
+            "bf16": False,
+            "exploration_noise_range": None,
+            "critic_layer_norm": False,
+            "critic_atoms": None,
+        }
+        for name, off in unset.items():
             value = getattr(self, name)
             check(value == off, name, value, f"{off}: {run.algo} does not take it yet (DDPG, TD3 and SAC do)")
         super().validate(run)

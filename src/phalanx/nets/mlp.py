@@ -2,7 +2,8 @@
 
 :func:`mlp` builds one network with the PPO-implementation-details initialisation (orthogonal weights,
 zero biases); :class:`EnsembleMLP` holds K such networks evaluated as one batched matmul, with a leading
-member dimension (population members, critic ensembles, per-agent networks).
+member dimension (population members, critic ensembles, per-agent networks), each optionally with a
+LayerNorm of its own after every hidden layer (:class:`EnsembleLayerNorm`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from itertools import pairwise
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from phalanx.errors import ConfigError
@@ -122,11 +124,32 @@ class EnsembleLinear(nn.Module):
         )
 
 
+class EnsembleLayerNorm(nn.Module):
+    """K independent LayerNorms over the last dimension, one batched op: member k normalises its rows
+    ``x[k]`` and applies its own affine ``weight[k]``, ``bias[k]`` (``(K, 1, features)`` each, as
+    :class:`EnsembleLinear`'s bias), what ``nn.LayerNorm(features)`` with those weights computes."""
+
+    def __init__(self, num_members: int, features: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.features = features
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_members, 1, features))
+        self.bias = nn.Parameter(torch.zeros(num_members, 1, features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        normalised = F.layer_norm(x, (self.features,), eps=self.eps)  # (K, B, features)
+        return torch.addcmul(self.bias, normalised, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_members={self.weight.shape[0]}, features={self.features}, eps={self.eps}"
+
+
 class EnsembleMLP(nn.Module):
     """K MLPs with the architecture of :func:`mlp`, evaluated at once with a leading member dim.
 
     Input ``(K, B, in_dim)`` (one batch per member) or ``(B, in_dim)`` (shared); output
-    ``(K, B, out_dim)``.
+    ``(K, B, out_dim)``. ``layer_norm``: each member's LayerNorm between each hidden layer and its
+    activation, as ``mlp(..., layer_norm=True)`` (:class:`EnsembleLayerNorm`).
     """
 
     def __init__(
@@ -137,6 +160,7 @@ class EnsembleMLP(nn.Module):
         out_dim: int,
         activation: str = "tanh",
         output_gain: float = 1.0,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         activation_type = activation_class(activation)
@@ -145,10 +169,14 @@ class EnsembleMLP(nn.Module):
         self.hidden_sizes = tuple(hidden_sizes)
         self.out_dim = out_dim
         self.activation = activation
+        self.layer_norm = layer_norm
         sizes = [in_dim, *hidden_sizes]
         layers: list[nn.Module] = []
         for size_in, size_out in pairwise(sizes):
-            layers += [EnsembleLinear(num_members, size_in, size_out, HIDDEN_GAIN), activation_type()]
+            layers.append(EnsembleLinear(num_members, size_in, size_out, HIDDEN_GAIN))
+            if layer_norm:
+                layers.append(EnsembleLayerNorm(num_members, size_out))
+            layers.append(activation_type())
         layers.append(EnsembleLinear(num_members, sizes[-1], out_dim, output_gain))
         self.layers = nn.Sequential(*layers)
 
@@ -161,27 +189,24 @@ class EnsembleMLP(nn.Module):
         mlps = cast("Sequence[nn.Sequential]", networks)  # mlp() builds Sequentials: checked below
         if len(mlps) == 0:
             raise ValueError("EnsembleMLP.from_mlps needs at least one mlp.")
-        in_dim, hidden_sizes, out_dim, activation = _mlp_architecture(mlps[0])
+        architecture = _mlp_architecture(mlps[0])
         for index, other in enumerate(mlps[1:], start=1):
             other_architecture = _mlp_architecture(other)
-            if other_architecture != (in_dim, hidden_sizes, out_dim, activation):
+            if other_architecture != architecture:
                 raise ValueError(
                     f"EnsembleMLP.from_mlps: mlps[{index}] has architecture (in_dim, hidden_sizes, out_dim, "
-                    f"activation) = {other_architecture}, but mlps[0] has "
-                    f"{(in_dim, hidden_sizes, out_dim, activation)}."
+                    f"activation, layer_norm) = {other_architecture}, but mlps[0] has {architecture}."
                 )
         first_layer = mlps[0][0]
         assert isinstance(first_layer, nn.Linear), "_mlp_architecture checked the layers"
         first_weight = first_layer.weight
-        ensemble = cls(len(mlps), in_dim, hidden_sizes, out_dim, activation)
+        in_dim, hidden_sizes, out_dim, activation, layer_norm = architecture
+        ensemble = cls(len(mlps), in_dim, hidden_sizes, out_dim, activation, layer_norm=layer_norm)
         ensemble.to(device=first_weight.device, dtype=first_weight.dtype)
         with torch.no_grad():
             for member_index, member_mlp in enumerate(mlps):
                 for ensemble_layer, layer in zip(ensemble.layers, member_mlp, strict=True):
-                    if isinstance(layer, nn.Linear):
-                        assert isinstance(ensemble_layer, EnsembleLinear)
-                        ensemble_layer.weight[member_index].copy_(layer.weight.T)
-                        ensemble_layer.bias[member_index, 0].copy_(layer.bias)
+                    _copy_member(ensemble_layer, layer, member_index, into_ensemble=True)
         return ensemble
 
     def member(self, index: int) -> nn.Sequential:
@@ -191,25 +216,48 @@ class EnsembleMLP(nn.Module):
         first_layer = self.layers[0]
         assert isinstance(first_layer, EnsembleLinear)
         first_weight = first_layer.weight
-        standalone = mlp(self.in_dim, self.hidden_sizes, self.out_dim, self.activation)
+        standalone = mlp(
+            self.in_dim, self.hidden_sizes, self.out_dim, self.activation, layer_norm=self.layer_norm
+        )
         standalone.to(device=first_weight.device, dtype=first_weight.dtype)
         with torch.no_grad():
             for ensemble_layer, layer in zip(self.layers, standalone, strict=True):
-                if isinstance(layer, nn.Linear):
-                    assert isinstance(ensemble_layer, EnsembleLinear)
-                    layer.weight.copy_(ensemble_layer.weight[index].T)
-                    layer.bias.copy_(ensemble_layer.bias[index, 0])
+                _copy_member(ensemble_layer, layer, index, into_ensemble=False)
         return standalone
 
 
-def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int, str]:
-    """``(in_dim, hidden_sizes, out_dim, activation)`` of a network built by :func:`mlp`."""
-    linears = list(network)[0::2]  # Linear, activation, Linear, ..., Linear
-    activation_types = {type(layer) for layer in list(network)[1::2]}
+def _copy_member(ensemble_layer: nn.Module, layer: nn.Module, index: int, into_ensemble: bool) -> None:
+    """Copy the weights of ``layer`` (an ``nn.Linear`` or ``nn.LayerNorm`` of an :func:`mlp`) into member
+    ``index`` of ``ensemble_layer``, or (``into_ensemble`` False) that member's into ``layer``; an
+    activation has none."""
+    if isinstance(layer, nn.Linear):
+        assert isinstance(ensemble_layer, EnsembleLinear), "the same architecture"
+        pairs = [(ensemble_layer.weight[index], layer.weight.T), (ensemble_layer.bias[index, 0], layer.bias)]
+    elif isinstance(layer, nn.LayerNorm):
+        assert isinstance(ensemble_layer, EnsembleLayerNorm), "the same architecture"
+        pairs = [(ensemble_layer.weight[index, 0], layer.weight), (ensemble_layer.bias[index, 0], layer.bias)]
+    else:
+        return
+    for member_tensor, single_tensor in pairs:
+        if into_ensemble:
+            member_tensor.copy_(single_tensor)
+        else:
+            single_tensor.copy_(member_tensor)
+
+
+def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int, str, bool]:
+    """``(in_dim, hidden_sizes, out_dim, activation, layer_norm)`` of a network built by :func:`mlp`."""
+    layer_norm = any(isinstance(layer, nn.LayerNorm) for layer in network)
+    step = 3 if layer_norm else 2  # Linear, [LayerNorm,] activation, ..., Linear
+    modules = list(network)
+    linears = modules[0::step]
+    norms = modules[1::step] if layer_norm else []
+    activation_types = {type(layer) for layer in modules[step - 1 :: step]}
     activation_names = [name for name, module_type in ACTIVATIONS.items() if module_type in activation_types]
     if (
-        len(network) % 2 == 0
+        len(network) % step != 1
         or not all(isinstance(layer, nn.Linear) for layer in linears)
+        or not all(isinstance(layer, nn.LayerNorm) for layer in norms)
         or len(activation_types) > 1
         or len(activation_names) != len(activation_types)
     ):
@@ -218,4 +266,4 @@ def _mlp_architecture(network: nn.Sequential) -> tuple[int, tuple[int, ...], int
     activation = activation_names[0] if activation_names else "tanh"
     layers = [layer for layer in linears if isinstance(layer, nn.Linear)]  # every one (checked above)
     hidden_sizes = tuple(layer.out_features for layer in layers[:-1])
-    return layers[0].in_features, hidden_sizes, layers[-1].out_features, activation
+    return layers[0].in_features, hidden_sizes, layers[-1].out_features, activation, layer_norm

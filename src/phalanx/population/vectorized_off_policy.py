@@ -187,6 +187,7 @@ def stack_ensembles(ensembles: Sequence[EnsembleMLP]) -> EnsembleMLP:
             first.hidden_sizes,
             first.out_dim,
             first.activation,
+            layer_norm=first.layer_norm,
         )
     states = [ensemble.state_dict() for ensemble in ensembles]
     stacked.load_state_dict({name: torch.cat([state[name] for state in states]) for name in states[0]})
@@ -228,7 +229,14 @@ class VectorizedOffPolicy(VectorizedPopulation):
     )
     optional_hyperparameters: ClassVar[tuple[str, ...]] = ("critic_learning_rate",)
     """None: the member's learning_rate (stored as +inf, resolved by :meth:`learning_rate`)."""
-    shared_hyperparameters = ("hidden_sizes", "activation", "num_critics", "buffer_size")
+    shared_hyperparameters = (
+        "hidden_sizes",
+        "activation",
+        "num_critics",
+        "buffer_size",
+        "critic_layer_norm",
+        "critic_atoms",
+    )
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
