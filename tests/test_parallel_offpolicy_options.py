@@ -4,6 +4,8 @@ autocast; their bad input, and that leaving them off changes nothing."""
 from __future__ import annotations
 
 import copy
+import csv
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +20,7 @@ from phalanx.algos.td3 import TD3, TD3Config
 from phalanx.buffers import ReplayBatch
 from phalanx.cli import main
 from phalanx.compiling import compile_problem
+from phalanx.config import load_yaml
 from phalanx.errors import ConfigError
 from phalanx.gradient_step import GradientStep
 from phalanx.optim import DECOUPLED_WEIGHT_DECAY, make_adam
@@ -289,3 +292,52 @@ def test_train_td3_with_per_env_noise_and_weight_decay(tmp_path, capsys):
     assert code == 0, out.out + out.err
     written = (run / "config.yaml").read_text()
     assert "exploration_noise_range:" in written and "weight_decay: 0.1" in written
+
+
+FAST_TD3_PENDULUM = Path(__file__).resolve().parents[1] / "examples" / "fast_td3_pendulum.yaml"
+
+
+def test_the_fast_td3_pendulum_example_runs_with_every_option_of_the_recipe(tmp_path):
+    """examples/fast_td3_pendulum.yaml: 1,024 envs, a C51 twin critic, per-env noise, AdamW, n-step; a few
+    vector steps past the warm-up through the command line, with the example's settings recorded."""
+    run_dir = tmp_path / "run"
+    flags = ["--total-steps", "20480", "--eval-every", "20480", "--eval-episodes", "2", "--torch-threads=1"]
+    main(
+        ["train", "td3", "Pendulum-v1", "--config", str(FAST_TD3_PENDULUM), *flags, "--run-dir", str(run_dir)]
+    )
+    settings = load_yaml(run_dir / "config.yaml")
+    assert settings["num_envs"] == 1024
+    hyperparameters = settings["hyperparameters"]
+    assert hyperparameters["critic_atoms"] == 101 and hyperparameters["exploration_noise_range"] == [
+        0.001,
+        0.4,
+    ]
+    assert hyperparameters["weight_decay"] == 0.1 and hyperparameters["n_step"] == 3
+    assert (run_dir / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_fast_td3_pendulum_example_reaches_minus_200(tmp_path):
+    run_dir = tmp_path / "run"
+    main(["train", "td3", "Pendulum-v1", "--config", str(FAST_TD3_PENDULUM), "--run-dir", str(run_dir)])
+    returns = [row["eval_return_mean"] for row in csv.DictReader(open(run_dir / "evaluations.csv"))]
+    assert max(float(value) for value in returns) >= -200
+
+
+@pytest.mark.parametrize(
+    "env, config",
+    [
+        ("playground:CheetahRun", None),
+        ("playground:WalkerWalk", None),
+        ("HalfCheetah-v5", "fast_td3_halfcheetah.yaml"),
+        ("MountainCarContinuous-v0", "fast_td3_mountaincar.yaml"),
+    ],
+)
+def test_the_recipes_presets_and_examples_are_valid_configs(env, config):
+    """The recipe's presets and example configs that this CPU cannot train validate as they are: their
+    settings are the algorithm's fields with values it accepts (runs are measured on a GPU)."""
+    overrides = {} if config is None else load_yaml(FAST_TD3_PENDULUM.parent / config)
+    run = phalanx.make_config("td3", env, **overrides)
+    run.validate()
+    assert run.num_envs == 1024 and run.hyperparameters.critic_atoms == 101
+    assert run.hyperparameters.exploration_noise_range is not None and run.hyperparameters.weight_decay > 0
