@@ -69,11 +69,13 @@ def test_importing_phalanx_sets_no_threading_variable():
 def test_the_cli_runs_as_fast_as_a_script_that_imported_torch_first(tmp_path):
     cli = [sys.executable, "-m", "phalanx.cli", "train", "ppo", "CartPole-v1", *FLAGS]
     script = [sys.executable, "-c", SCRIPT, "ppo", "CartPole-v1", *FLAGS]
-    rates = {
-        name: steps_per_second(command, tmp_path / name)
-        for name, command in (("cli", cli), ("script", script))
-    }
+    commands = (("cli", cli), ("script", script))
+    rates = {name: steps_per_second(command, tmp_path / name) for name, command in commands}
     ratio = rates["cli"] / rates["script"]  # the old import-order bug: 0.41 quiet, 2.7 on a loaded machine
+    if not 0.67 < ratio < 1.5:  # one timing of each can be off by a third (CI once: 0.63); best of two
+        again = {name: steps_per_second(command, tmp_path / f"{name}-again") for name, command in commands}
+        rates = {name: max(rates[name], again[name]) for name in rates}
+        ratio = rates["cli"] / rates["script"]
     assert 0.67 < ratio < 1.5, rates
 
 
