@@ -34,6 +34,14 @@ class ImageEncoder(nn.Module):
         self.body: nn.Module = nn.Identity()
         self.out_dim = 0
 
+    def require_size(self, space: gym.spaces.Box, name: str, minimum: int, fix: str) -> None:
+        """A ConfigError, ending with ``fix``, for images smaller than ``minimum`` x ``minimum``."""
+        if self.height < minimum or self.width < minimum:
+            raise ConfigError(
+                f"the {name} CNN needs images of at least {minimum}x{minimum} pixels, but the observation "
+                f"space {space} holds {self.height}x{self.width} images. {fix}"
+            )
+
     def images(self, obs: Tensor) -> tuple[Tensor, torch.Size]:
         """Observations ``(B, *image_shape)`` as float ``(B, C, H, W)`` in the encoder's scale."""
         x = obs.to(torch.float32)
@@ -68,11 +76,7 @@ class NatureCNN(ImageEncoder):
 
     def __init__(self, space: gym.spaces.Box, features: int = 512, layer_norm: bool = False) -> None:
         super().__init__(space)
-        if self.height < 36 or self.width < 36:
-            raise ConfigError(
-                f"the nature CNN needs images of at least 36x36 pixels, but the observation space {space} "
-                f"holds {self.height}x{self.width} images. Use encoder 'impala' (any size >= 8x8) instead."
-            )
+        self.require_size(space, "nature", 36, "Use encoder 'impala' (any size >= 8x8) instead.")
         layers: list[nn.Module] = []
         shape = (self.channels, self.height, self.width)
         for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
@@ -115,12 +119,7 @@ class ImpalaCNN(ImageEncoder):
         layer_norm: bool = False,
     ) -> None:
         super().__init__(space)
-        if self.height < 8 or self.width < 8:
-            raise ConfigError(
-                f"the impala CNN needs images of at least 8x8 pixels, but the observation space {space} "
-                f"holds {self.height}x{self.width} images. Flatten such small observations and use encoder "
-                "'mlp'."
-            )
+        self.require_size(space, "impala", 8, "Flatten such small observations and use encoder 'mlp'.")
         layers: list[nn.Module] = []
         height, width = self.height, self.width
         in_channels = self.channels
@@ -148,11 +147,7 @@ class MinAtarCNN(ImageEncoder):
 
     def __init__(self, space: gym.spaces.Box, features: int = 128, layer_norm: bool = False) -> None:
         super().__init__(space)
-        if self.height < 3 or self.width < 3:
-            raise ConfigError(
-                f"the minatar CNN needs images of at least 3x3 pixels, but the observation space {space} "
-                f"holds {self.height}x{self.width} images. Flatten them and use encoder 'mlp'."
-            )
+        self.require_size(space, "minatar", 3, "Flatten them and use encoder 'mlp'.")
         shape = (16, self.height - 2, self.width - 2)
         convolution = conv_init(nn.Conv2d(self.channels, shape[0], 3))
         convolutions = nn.Sequential(convolution, *normalized(shape, layer_norm), nn.ReLU(), nn.Flatten())
