@@ -89,6 +89,22 @@ def test_lambda_zero_is_one_step_q_learning_and_one_the_discounted_return():
         torch.testing.assert_close(monte_carlo[t], following)
 
 
+def test_reward_scale_scales_the_rewards_of_the_targets_only():
+    """With Q-values scaled as the rewards are, the targets scale too: the rewards are scaled, nothing else."""
+    rollout = random_rollout()
+    next_values = torch.randn(rollout.horizon, 4, generator=torch.Generator().manual_seed(2))
+    targets = q_lambda_targets(rollout, next_values, 0.9, 0.65)
+    scaled = SimpleNamespace(
+        rewards=rollout.rewards,
+        values=rollout.values * 0.1,
+        terminated=rollout.terminated,
+        dones=rollout.dones,
+    )
+    torch.testing.assert_close(
+        q_lambda_targets(scaled, next_values * 0.1, 0.9, 0.65, reward_scale=0.1), targets * 0.1
+    )
+
+
 def test_explore_is_epsilon_greedy_with_max_q_as_the_value():
     pqn = build()
     obs = torch.randn(6, 4)
@@ -305,6 +321,7 @@ def test_a_box_action_space_is_refused_before_the_run_directory(tmp_path):
         (dict(num_envs=4, horizon=8, minibatch_size=64), r"minibatch_size.*8 \* 4 = 32"),
         (dict(q_lambda=1.5), r"q_lambda = 1.5 is invalid"),
         (dict(exploration_fraction=0.0), r"exploration_fraction = 0.0 is invalid"),
+        (dict(reward_scale=0.0), r"reward_scale = 0.0 is invalid.*a positive number"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_and_the_fix(tmp_path, settings, message):

@@ -60,6 +60,9 @@ class PQNConfig(AlgoConfig):
     stability rests on)."""
     max_grad_norm: float | None = 10.0
     """Clip the global gradient norm to this value (None: no clipping)."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this in the targets (purejaxql scales CartPole's by 0.1); the logged
+    episode returns stay the env's."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over total_steps."""
     exploration_initial: float = 1.0
@@ -89,6 +92,12 @@ class PQNConfig(AlgoConfig):
             f"{run.num_envs} = {rollout}; lower minibatch_size or raise horizon or num_envs",
         )
         check(0.0 <= self.q_lambda <= 1.0, "q_lambda", self.q_lambda, "a value in [0, 1]")
+        check(
+            self.reward_scale > 0,
+            "reward_scale",
+            self.reward_scale,
+            "a positive number (1: the env's rewards)",
+        )
         check(
             self.max_grad_norm is None or self.max_grad_norm > 0,
             "max_grad_norm",
@@ -172,15 +181,23 @@ def q_lambda_targets(
     gamma: float,
     q_lambda: float,
     gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
+    reward_scale: float = 1.0,
 ) -> Tensor:
     """The Q(lambda) targets ``(T, N)`` of a rollout: ``G_t = r_t + gamma * next_t`` where ``next_t`` is
     0 if the episode terminated at step t, ``max_a Q`` of its final observation if it was truncated
     (``next_values[t]``), else ``(1 - lambda) * max_a Q(s_{t+1}) + lambda * G_{t+1}``; the last step of the
     rollout bootstraps from ``next_values[T - 1]``. The rollout's ``values[t]`` is ``max_a Q(s_t)`` (equal
     to ``next_values[t - 1]`` within an episode): with it as the value, GAE's return is this recursion
-    exactly (``gae``: :func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update)."""
+    exactly (``gae``: :func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update). The
+    rewards are multiplied by ``reward_scale`` first."""
     return gae(
-        rollout.rewards, rollout.values, next_values, rollout.terminated, rollout.dones, gamma, q_lambda
+        rollout.rewards * reward_scale,
+        rollout.values,
+        next_values,
+        rollout.terminated,
+        rollout.dones,
+        gamma,
+        q_lambda,
     )[1]
 
 
@@ -289,7 +306,9 @@ class PQN(Algorithm):
         # step's true next observation (the final one where an episode ended).
         with torch.no_grad():
             next_values = self.q_network(rollout.next_obs.flatten(0, 1)).amax(dim=1).view(horizon, num_envs)
-            returns = q_lambda_targets(rollout, next_values, config.gamma, config.q_lambda, self.gae)
+            returns = q_lambda_targets(
+                rollout, next_values, config.gamma, config.q_lambda, self.gae, config.reward_scale
+            )
 
         # 2. The steps as samples, the targets as the one row of FlatSampler's targets.
         sampler = FlatSampler(config.minibatch_size, self.device)
