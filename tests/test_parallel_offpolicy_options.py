@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import json
 from pathlib import Path
 
 import gymnasium as gym
@@ -314,6 +315,19 @@ def test_the_fast_td3_pendulum_example_runs_with_every_option_of_the_recipe(tmp_
     ]
     assert hyperparameters["weight_decay"] == 0.1 and hyperparameters["n_step"] == 3
     assert (run_dir / "summary.json").is_file()
+
+
+def test_the_fast_sac_pendulum_example_runs_sac_with_the_recipe(tmp_path):
+    """examples/fast_sac_pendulum.yaml: the recipe on SAC (no noise range: SAC explores by its entropy); two
+    vector steps past the warm-up through the command line."""
+    run_dir = tmp_path / "run"
+    example = FAST_TD3_PENDULUM.parent / "fast_sac_pendulum.yaml"
+    flags = ["--total-steps", "12288", "--eval-every", "12288", "--eval-episodes", "2", "--torch-threads=1"]
+    main(["train", "sac", "Pendulum-v1", "--config", str(example), *flags, "--run-dir", str(run_dir)])
+    hyperparameters = load_yaml(run_dir / "config.yaml")["hyperparameters"]
+    assert hyperparameters["critic_atoms"] == 101 and hyperparameters["weight_decay"] == 0.1
+    assert hyperparameters["batch_size"] == 2048 and hyperparameters["n_step"] == 3
+    assert json.loads((run_dir / "summary.json").read_text())["updates"] > 0
 
 
 @pytest.mark.slow
