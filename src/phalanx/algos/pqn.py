@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -291,6 +291,7 @@ class PQN(Algorithm):
     action_spaces = (gym.spaces.Discrete,)
     observations = ("flat", "image")
     extra_state = ("exploration_decay",)
+    vectorized_population: ClassVar[str | None] = "phalanx.population.vectorized_pqn:VectorizedPQN"
     config: PQNConfig
 
     def __init__(
