@@ -880,7 +880,7 @@ def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
 
 
 def test_vectorized_backend_refuses_what_it_cannot_batch(tmp_path):
-    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, td3, sac members"):
+    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, pqn, td3, sac members"):
         tiny_population(
             tmp_path, backend="vectorized", base=make_config("ddpg", "Pendulum-v1"), mutations={}
         ).validate()

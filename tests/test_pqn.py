@@ -90,7 +90,7 @@ def test_lambda_zero_is_one_step_q_learning_and_one_the_discounted_return():
 
 
 def test_reward_scale_scales_the_rewards_of_the_targets_only():
-    """With Q-values scaled as the rewards are, the targets scale too: the rewards are scaled, nothing else."""
+    """With Q-values scaled as the rewards are, the targets scale too: only the rewards are scaled."""
     rollout = random_rollout()
     next_values = torch.randn(rollout.horizon, 4, generator=torch.Generator().manual_seed(2))
     targets = q_lambda_targets(rollout, next_values, 0.9, 0.65)

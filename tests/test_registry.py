@@ -201,12 +201,13 @@ def test_the_classes_declare_what_the_table_held():
         "a2c": ("phalanx.algos.recurrent:RecurrentA2C", None),
         "td3": (None, "phalanx.population.vectorized_off_policy:VectorizedTD3"),
         "sac": (None, "phalanx.population.vectorized_off_policy:VectorizedSAC"),
+        "pqn": (None, "phalanx.population.vectorized_pqn:VectorizedPQN"),
     }
     assert algorithm_class(
         "ppo", make_config("ppo", "CartPole-v1", recurrent="lstm").hyperparameters
     ).__name__ == ("RecurrentPPO")
     assert vectorized_population("sac").algorithm_class is get_algorithm("sac")
-    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, td3, sac members"):
+    with pytest.raises(ConfigError, match="backend 'vectorized' trains ppo, pqn, td3, sac members"):
         vectorized_population("a2c")
 
 

@@ -196,7 +196,7 @@ def _update_rule(optimizer: FlatOptimizer) -> tuple[tuple[str, ...], Callable[..
     ``(parameters, gradients, *state, learning_rate)``; a ValueError for an option the rules lack."""
     if isinstance(optimizer, VectorizedAdam):
         return ("exp_avg", "exp_avg_sq", "steps"), functools.partial(
-            adam_update, betas=optimizer.betas, eps=optimizer.eps
+            adam_update, betas=optimizer.betas, eps=optimizer.eps, rectified=optimizer.rectified
         )
     if len(optimizer.param_groups) != 1:
         raise ValueError(

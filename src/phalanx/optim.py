@@ -350,7 +350,8 @@ class VectorizedAdam:
     The update rule of ``torch.optim.Adam`` (no weight decay, no amsgrad), with a step count, bias
     corrections and learning rate per member: a fixed number of whole-tensor ops per step, whatever P.
     The scalars (bias corrections, step size) are computed in float64 as torch does in Python floats,
-    then used in the parameters' dtype.
+    then used in the parameters' dtype. ``rectified``: ``torch.optim.RAdam``'s rule instead (PQN's
+    optimiser; the same state, :func:`adam_update`'s ``rectified``).
     """
 
     state_names = ("exp_avg", "exp_avg_sq", "steps")
@@ -361,18 +362,20 @@ class VectorizedAdam:
         gradients: Tensor,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-5,
+        rectified: bool = False,
     ) -> None:
         self.parameters = parameters  # (P, D)
         self.gradients = gradients  # (P, D)
         self.betas = betas
         self.eps = eps
+        self.rectified = rectified
         self.exp_avg = torch.zeros_like(parameters)  # (P, D)
         self.exp_avg_sq = torch.zeros_like(parameters)  # (P, D)
         self.steps = torch.zeros(parameters.shape[0], dtype=torch.float64, device=parameters.device)  # (P,)
 
     @torch.no_grad()
     def step(self, learning_rate: Tensor) -> None:
-        """One Adam step of every member on ``gradients``; ``learning_rate`` is ``(P,)`` float64."""
+        """One Adam (RAdam) step of every member on ``gradients``; ``learning_rate`` is ``(P,)`` float64."""
         adam_update(
             self.parameters,
             self.gradients,
@@ -382,6 +385,7 @@ class VectorizedAdam:
             learning_rate,
             self.betas,
             self.eps,
+            rectified=self.rectified,
         )
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -410,9 +414,9 @@ def adam_update(
     ``(P, D)`` with ``(P,)`` of each (:class:`VectorizedAdam`). The bias corrections and the step size are
     computed in float64, as torch computes them in Python floats, then used in the parameters' dtype.
 
-    ``rectified``: torch's RAdam rule (no weight decay, ``(D,)`` parameters): the same moments, and the
-    step rectified by the length of the approximated simple moving average (rho_t) once it exceeds 5, the
-    bias-corrected momentum alone before (torch's ``capturable`` form of the same branch).
+    ``rectified``: torch's RAdam rule (no weight decay): the same moments, and the step rectified by the
+    length of the approximated simple moving average (rho_t) once it exceeds 5, the bias-corrected
+    momentum alone before (torch's ``capturable`` form of the same branch), per member for ``(P, D)``.
 
     ``weight_decay``: AdamW's decoupled weight decay (torch's ``Adam(decoupled_weight_decay=True)``): the
     parameters first lose ``lr * weight_decay`` of themselves, then take the Adam step; 0 (the default)
@@ -435,9 +439,11 @@ def adam_update(
         safe_rho = torch.where(rectify, rho, torch.full_like(rho, 6.0))  # no sqrt of a negative number
         numerator = (safe_rho - 4) * (safe_rho - 2) * rho_infinity
         rectification = (numerator / ((rho_infinity - 4) * (rho_infinity - 2) * safe_rho)).sqrt()
-        adaptive = bias_correction2.sqrt().to(dtype) / exp_avg_sq.sqrt().add_(eps)
-        scale = torch.where(rectify, rectification.to(dtype) * adaptive, torch.ones_like(adaptive))
-        parameters.sub_(exp_avg / bias_correction1.to(dtype) * learning_rate.to(dtype) * scale)
+        adaptive = bias_correction2.sqrt().to(dtype).reshape(rows) / exp_avg_sq.sqrt().add_(eps)
+        rectified_scale = rectification.to(dtype).reshape(rows) * adaptive
+        scale = torch.where(rectify.reshape(rows), rectified_scale, torch.ones_like(adaptive))
+        corrected = exp_avg / bias_correction1.to(dtype).reshape(rows)
+        parameters.sub_(corrected * learning_rate.to(dtype).reshape(rows) * scale)
         return
     bias_correction2_sqrt = (1 - beta2**count).sqrt()
     step_size = (learning_rate / bias_correction1).to(dtype).reshape(rows)

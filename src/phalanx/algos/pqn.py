@@ -2,7 +2,8 @@
 "Simplifying Deep Temporal Difference Learning", ICLR 2025).
 
 It collects rollouts as PPO does, ``horizon`` steps of every sub-env acted on epsilon-greedily, and
-learns from each rollout once, in :meth:`PQN.update`, to be read top to bottom:
+learns from each rollout once, in :meth:`PQN.update` (steps 1 to 3 in :func:`pqn_update`, which the
+vectorized population's members share), to be read top to bottom:
 
 1. Q(lambda) targets: ``G_t = r_t + gamma * [(1 - lambda) * max_a Q(s_{t+1}, a) + lambda * G_{t+1}]``,
    which is GAE's recursion (:func:`~phalanx.buffers.compute_gae`) with ``max_a Q`` as the value: a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -30,7 +32,7 @@ from torch import nn
 
 from phalanx.algos.base import Algorithm, no_stochastic_policy
 from phalanx.algos.dqn import GreedyActing, QNetwork
-from phalanx.algos.ppo import FlatSampler
+from phalanx.algos.ppo import FlatSampler, Sampler
 from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
 from phalanx.config import AlgoConfig, TrainConfig, check, is_int
 from phalanx.gradient_step import GradientStep
@@ -130,6 +132,18 @@ class PQNConfig(AlgoConfig):
             )
 
 
+class QLambdaSettings(NamedTuple):
+    """What :func:`pqn_update` reads besides the rollout: floats for one agent, ``(P*N,)`` tensors of
+    gamma and lambda (each member's value on its rows) for P members."""
+
+    gamma: float | Tensor
+    q_lambda: float | Tensor
+    epochs: int
+    gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae
+    """:func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update."""
+    reward_scale: float = 1.0
+
+
 class EpsilonGreedyQ(nn.Module):
     """PQN's acting while it collects: per sub-env, the greedy action of ``q_network`` or, with
     probability epsilon, a uniform one; with the greedy action's Q-value, ``max_a Q(s, a)``, which the
@@ -155,11 +169,7 @@ class EpsilonGreedyQ(nn.Module):
 
     def epsilons(self, num_rows: int) -> Tensor:
         """The epsilon of each of ``num_rows`` sub-envs ``(num_rows,)`` at the current decay."""
-        final = torch.full((num_rows,), self.final, device=self.decay.device)
-        if self.lowest is not None and num_rows > 1:
-            spread = torch.linspace(0.0, 1.0, num_rows, device=self.decay.device)
-            final = self.final * (self.lowest / self.final) ** spread
-        return self.initial + self.decay * (final - self.initial)
+        return epsilons_at(self.initial, self.final, self.lowest, self.decay, num_rows)
 
     def draw_noise(self, obs: Tensor) -> Tensor:
         """The random draw of acting on ``obs``: ``(N, 2)`` uniform, whether to explore and which action."""
@@ -168,18 +178,39 @@ class EpsilonGreedyQ(nn.Module):
     def forward(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(actions, log_probs, values)`` of ``(N, ...)`` observations, each ``(N,)``: the log-probabilities
         are zeros (PQN's update does not read them)."""
-        q_values = self.q_network(obs)  # (N, A)
-        values, greedy = q_values.max(dim=1)
-        random = (noise[:, 1] * self.num_actions).long().clamp_(max=self.num_actions - 1)
-        explore = noise[:, 0] < self.epsilons(obs.shape[0])
-        return torch.where(explore, random, greedy), torch.zeros_like(values), values
+        actions, values = epsilon_greedy(self.q_network(obs), noise, self.epsilons(obs.shape[0]))
+        return actions, torch.zeros_like(values), values
+
+
+def epsilons_at(
+    initial: float | Tensor, final: float | Tensor, lowest: float | None, decay: Tensor, num_rows: int
+) -> Tensor:
+    """Epsilon of each of ``num_rows`` sub-envs at ``decay`` in [0, 1]: ``initial + decay * (final_i -
+    initial)``, ``final_i`` all ``final`` or spread geometrically from it down to ``lowest``. Floats and a
+    ``()`` decay give ``(num_rows,)``; P members' ``(P, 1)`` tensors give ``(P, num_rows)``."""
+    device = decay.device
+    final_rows = torch.full((num_rows,), 1.0, device=device) * final
+    if lowest is not None and num_rows > 1:
+        spread = torch.linspace(0.0, 1.0, num_rows, device=device)
+        final_rows = final * (lowest / final) ** spread
+    return initial + decay * (final_rows - initial)
+
+
+def epsilon_greedy(q_values: Tensor, noise: Tensor, epsilon: Tensor) -> tuple[Tensor, Tensor]:
+    """Epsilon-greedy actions of Q-values ``(..., N, A)`` and their ``max_a Q``, each ``(..., N)``: row n
+    takes a uniform action where ``noise[..., n, 0] < epsilon[..., n]`` (the action from
+    ``noise[..., n, 1]``), else its greedy one."""
+    num_actions = q_values.shape[-1]
+    values, greedy = q_values.max(dim=-1)
+    random = (noise[..., 1] * num_actions).long().clamp_(max=num_actions - 1)
+    return torch.where(noise[..., 0] < epsilon, random, greedy), values
 
 
 def q_lambda_targets(
     rollout: RolloutBuffer,
     next_values: Tensor,
-    gamma: float,
-    q_lambda: float,
+    gamma: float | Tensor,
+    q_lambda: float | Tensor,
     gae: Callable[..., tuple[Tensor, Tensor]] = compute_gae,
     reward_scale: float = 1.0,
 ) -> Tensor:
@@ -188,8 +219,9 @@ def q_lambda_targets(
     (``next_values[t]``), else ``(1 - lambda) * max_a Q(s_{t+1}) + lambda * G_{t+1}``; the last step of the
     rollout bootstraps from ``next_values[T - 1]``. The rollout's ``values[t]`` is ``max_a Q(s_t)`` (equal
     to ``next_values[t - 1]`` within an episode): with it as the value, GAE's return is this recursion
-    exactly (``gae``: :func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update). The
-    rewards are multiplied by ``reward_scale`` first."""
+    exactly (``gae``: :func:`~phalanx.buffers.compute_gae`, or its scan for a compiled update). ``gamma``
+    and ``q_lambda``: floats, or ``(N,)`` tensors of one value per sub-env (a vectorized population's).
+    The rewards are multiplied by ``reward_scale`` first."""
     return gae(
         rollout.rewards * reward_scale,
         rollout.values,
@@ -201,6 +233,14 @@ def q_lambda_targets(
     )[1]
 
 
+def q_loss(q_network: nn.Module, obs: Tensor, actions: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The mean squared error of ``Q(s, a)`` to its target over a minibatch, and the minibatch's Q-values,
+    detached: observations ``(B, ...)``, actions and targets ``(B,)`` give a scalar loss; P members'
+    ``(P, B, obs_dim)`` and ``(P, B)`` (``q_network`` an ensemble) give each member's ``(P,)``."""
+    q_values = q_network(obs).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)  # (..., B)
+    return F.mse_loss(q_values, targets, reduction="none").mean(dim=-1), q_values.detach()
+
+
 def pqn_loss(
     q_network: nn.Module,
     targets: Tensor,
@@ -209,12 +249,59 @@ def pqn_loss(
     actions: Tensor,
     critic_obs: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """The squared error of ``Q(s, a)`` to its Q(lambda) target over the minibatch ``index`` of
-    :class:`~phalanx.algos.ppo.FlatSampler`'s samples (``targets``: the targets as its one row
-    ``(1, T*N)``; ``critic_obs`` is not read); and the minibatch's Q-values, detached."""
-    returns = targets[0].index_select(0, index)  # (B,)
-    q_values = q_network(obs[index]).gather(1, actions[index].long().unsqueeze(1)).squeeze(1)  # (B,)
-    return F.mse_loss(q_values, returns), q_values.detach()
+    """:func:`q_loss` over the minibatch ``index`` of :class:`~phalanx.algos.ppo.FlatSampler`'s samples
+    (``targets``: the Q(lambda) targets as its one row ``(1, T*N)``; ``critic_obs`` is not read)."""
+    return q_loss(q_network, obs[index], actions[index], targets[0].index_select(0, index))
+
+
+def pqn_update(
+    rollout: RolloutBuffer,
+    next_values: Tensor,
+    sampler: Sampler,
+    loss: Callable[..., tuple[Tensor, Tensor]],
+    minimise: Callable[[Tensor], None],
+    settings: QLambdaSettings,
+    compiled_step: Callable[..., tuple[Tensor, Tensor]] | None = None,
+) -> dict[str, Tensor]:
+    """Steps 1 to 3 of the module docstring on a rollout: Q(lambda) targets, then epochs of shuffled
+    minibatches, a gradient step on each; the metrics ``q_loss``, ``q_mean``, ``target_mean`` and
+    ``gradient_steps``.
+
+    Shape-generic as :func:`~phalanx.algos.ppo.ppo_update`: one agent's ``(T, N)`` rollout with
+    :class:`~phalanx.algos.ppo.FlatSampler` and scalar metrics, or P members' ``(T, P*N)`` with a member
+    sampler, ``(P*N,)`` gamma and lambda, and ``(P,)`` metrics. ``next_values``: ``max_a Q`` of every
+    step's true next observation ``(T, N)``; ``loss``: the minibatch loss of the sampler's minibatches;
+    ``minimise(loss)``: the eager gradient step on it; ``compiled_step``: the loss and that step as one
+    graph (:class:`~phalanx.gradient_step.GradientStep`; None: eager)."""
+    # 1. Q(lambda) targets (T, N): GAE's recursion with max_a Q as the value.
+    with torch.no_grad():
+        returns = q_lambda_targets(
+            rollout, next_values, settings.gamma, settings.q_lambda, settings.gae, settings.reward_scale
+        )
+        targets = sampler.flatten(returns)  # (T*N,) or (P, T*N)
+
+    # 2. The steps as samples, the targets as the one row of the sampler's targets.
+    data = sampler.data(rollout, targets.unsqueeze(0))
+
+    # 3. Epochs of shuffled minibatches, a gradient step on each.
+    losses, q_means = [], []
+    for _epoch in range(settings.epochs):
+        for inputs in sampler.minibatches(data):
+            if compiled_step is None:
+                loss_value, q_values = loss(*inputs)
+                minimise(loss_value)
+            else:
+                with torch.no_grad():  # the step differentiates with torch.func
+                    loss_value, q_values = compiled_step(*inputs)
+            losses.append(loss_value.detach())
+            q_means.append(q_values.mean(dim=-1))
+    q_loss_mean = torch.stack(losses).mean(dim=0)
+    return {
+        "q_loss": q_loss_mean,
+        "q_mean": torch.stack(q_means).mean(dim=0),
+        "target_mean": targets.mean(dim=-1),
+        "gradient_steps": torch.full_like(q_loss_mean, float(len(losses))),
+    }
 
 
 class PQN(Algorithm):
@@ -224,6 +311,7 @@ class PQN(Algorithm):
     action_spaces = (gym.spaces.Discrete,)
     observations = ("flat", "image")
     extra_state = ("exploration_decay",)
+    vectorized_population: ClassVar[str | None] = "phalanx.population.vectorized_pqn:VectorizedPQN"
     config: PQNConfig
 
     def __init__(
@@ -302,39 +390,25 @@ class PQN(Algorithm):
                 group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
         horizon, num_envs = rollout.rewards.shape
 
-        # 1. Q(lambda) targets (T, N): GAE's recursion with max_a Q as the value, from max_a Q of every
-        # step's true next observation (the final one where an episode ended).
+        # 1.-3. From max_a Q of every step's true next observation (the final one where an episode ended):
+        # the targets, the samples and the gradient steps.
         with torch.no_grad():
             next_values = self.q_network(rollout.next_obs.flatten(0, 1)).amax(dim=1).view(horizon, num_envs)
-            returns = q_lambda_targets(
-                rollout, next_values, config.gamma, config.q_lambda, self.gae, config.reward_scale
-            )
-
-        # 2. The steps as samples, the targets as the one row of FlatSampler's targets.
-        sampler = FlatSampler(config.minibatch_size, self.device)
-        data = sampler.data(rollout, returns.reshape(1, -1))
-
-        # 3. Epochs of shuffled minibatches, a gradient step on each.
-        losses, q_means = [], []
-        for _epoch in range(config.epochs):
-            for inputs in sampler.minibatches(data):
-                if self.gradient_step is not None and self.group is None:
-                    with torch.no_grad():  # the step differentiates with torch.func
-                        loss, q_values = self.gradient_step(*inputs)
-                else:
-                    loss, q_values = pqn_loss(self.q_network, *inputs)
-                    self.minimise(loss, self.optimizer, config.max_grad_norm)
-                losses.append(loss.detach())
-                q_means.append(q_values.mean())
+        metrics = pqn_update(
+            rollout,
+            next_values,
+            FlatSampler(config.minibatch_size, self.device),
+            functools.partial(pqn_loss, self.q_network),
+            functools.partial(self.minimise, optimizer=self.optimizer, max_grad_norm=config.max_grad_norm),
+            QLambdaSettings(config.gamma, config.q_lambda, config.epochs, self.gae, config.reward_scale),
+            self.gradient_step if self.group is None else None,
+        )
 
         # 4. Epsilon for the next rollout; the metrics (epsilon: the mean the rollout acted with).
         epsilon = self.policy.epsilons(num_envs).mean()
         self.exploration_decay.fill_(min(progress / config.exploration_fraction, 1.0))
         return {
-            "q_loss": torch.stack(losses).mean(),
-            "q_mean": torch.stack(q_means).mean(),
-            "target_mean": returns.mean(),
+            **metrics,
             "epsilon": epsilon,
             "learning_rate": torch.tensor(self.optimizer.param_groups[0]["lr"]),
-            "gradient_steps": torch.tensor(float(len(losses))),
         }

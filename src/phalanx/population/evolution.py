@@ -304,7 +304,9 @@ class PopulationConfig:
         check(is_int(self.max_restarts) and self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0")
         self.resources.validate()
         if self.backend == "vectorized":
-            batched = vectorized_population(self.base.algo).member_hyperparameters
+            engine = vectorized_population(self.base.algo)
+            engine.check_config(self.base)  # what its batched members cannot do, before any directory
+            batched = engine.member_hyperparameters
             if self.base.track is not None:
                 raise ConfigError(
                     f"track = {self.base.track!r} is not supported by backend 'vectorized': its members "

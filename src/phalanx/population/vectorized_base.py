@@ -1,7 +1,8 @@
 """Vectorized populations: P members of one algorithm as the leading dimension of one run, in one process,
 on one device. :class:`VectorizedPopulation` is what they share; :class:`~phalanx.population.vectorized.
-VectorizedPPO` (P PPO members) and :mod:`phalanx.population.vectorized_off_policy` (SAC, TD3) add their
-algorithm's networks, collection and learning step.
+VectorizedPPO` (P PPO members), :class:`~phalanx.population.vectorized_pqn.VectorizedPQN` (PQN) and
+:mod:`phalanx.population.vectorized_off_policy` (SAC, TD3) add their algorithm's networks, collection and
+learning step.
 
 Every member is an ordinary agent, learning by its algorithm's own rule (for PPO,
 :func:`phalanx.algos.ppo.actor_critic_loss`, called once for all P members), but the P of them share

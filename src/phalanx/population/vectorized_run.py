@@ -26,10 +26,10 @@ from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
 
 
 class VectorizedRun:
-    """A population as one vectorized run (the algorithm's: VectorizedPPO, VectorizedSAC, VectorizedTD3):
-    every member trains an interval together, all are evaluated, then the same selection rules copy
-    member slices (tournament: each member of the bottom fraction copies a tournament winner of the top;
-    generational: the same plan). One process, one device; no orchestrator (nothing to schedule). Its
+    """A population as one vectorized run (the algorithm's: VectorizedPPO, VectorizedPQN, VectorizedSAC,
+    VectorizedTD3): every member trains an interval together, all are evaluated, then the same selection
+    rules copy member slices (tournament: each member of the bottom fraction copies a tournament winner of
+    the top; generational: the same plan). One process, one device; no orchestrator (nothing to schedule). Its
     checkpoint, in vectorized/, holds the engine and the leaderboard together, so a resume continues
     from a consistent pair."""
 
