@@ -778,6 +778,22 @@ def test_vectorized_population_selects_member_slices_and_exports_the_best(tmp_pa
     assert evaluation.mean == pytest.approx(result.best_score)
 
 
+@pytest.mark.parametrize("compile", [True, None, False])
+def test_a_vectorized_population_compiles_its_members_update_when_asked(tmp_path, monkeypatch, compile):
+    """--compile reaches the engine (its compile() called once, before training); the default (auto) and
+    --no-compile keep it eager. The compiled update itself: tests/test_compiled_update.py."""
+    from phalanx.population.vectorized import VectorizedPPO
+
+    calls = []
+    monkeypatch.setattr(VectorizedPPO, "compile", lambda engine: calls.append(engine.steps) or ["update"])
+    config = tiny_population(tmp_path / "pop", backend="vectorized", size=2)
+    config.base.compile = compile
+    run_population(config, show_progress=False)
+    assert calls == ([0] if compile else [])
+    compiled = [e for e in decisions(tmp_path / "pop") if e["event"] == "compile"]
+    assert [e["reason"] for e in compiled] == (["compiled the members' update"] if compile else [])
+
+
 def test_vectorized_sac_population_runs_from_the_population_config(tmp_path):
     """backend 'vectorized' takes the algorithm's vectorized population from the registry: SAC members
     train as one batched run, exploit each other and export the best as an ordinary run."""

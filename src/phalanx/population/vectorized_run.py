@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from phalanx.compiling import should_compile
 from phalanx.config import TrainConfig, save_yaml
 from phalanx.files import replace_directory
 from phalanx.population.evolution import PopulationConfig, explore, generational_plan, tournament_donor
@@ -47,6 +48,9 @@ class VectorizedRun:
             [board.members[m].seed for m in self.members],
             [board.members[m].hyperparameters for m in self.members],
         )
+        if should_compile(config.base.compile, self.engine.device):  # None (auto) stays eager here
+            compiled = self.engine.compile()
+            self.decide("compile", None, f"compiled the members' {', '.join(compiled) or 'nothing'}")
         self.checkpoints = CheckpointManager(board.directory / "vectorized", keep=2)
         latest = self.checkpoints.latest() if resume else None
         if latest is not None:
