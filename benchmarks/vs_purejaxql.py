@@ -22,7 +22,10 @@ What is measured, per run:
   purejaxql: the mean over those updates of its ``returned_episode_returns`` metric (the LogWrapper's last
   finished episode of each env); phalanx: the last metrics.csv row, logged over the last 10%.
 - eval: the greedy evaluation at the end. purejaxql: its test of 128 envs for the episode limit, every 5%
-  of the updates (``TEST_INTERVAL``); phalanx: ``eval_episodes`` 128 at the same interval.
+  of the updates (``TEST_INTERVAL``); phalanx: ``eval_episodes`` 128 at the same interval. Not equal
+  work: purejaxql's test always runs 128 x the limit (500 CartPole, 1,000 MinAtar) steps, phalanx's
+  ends with its 128 episodes. ``--no-test`` turns both off (phalanx evaluates once, at the end), so that
+  the training alone is timed.
 - speed: purejaxql's seconds over phalanx's (above 1: phalanx is faster), without and with its compile.
 
 Differences that stay: purejaxql anneals the learning rate at every gradient step, phalanx at every
@@ -51,6 +54,7 @@ sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
     PEER_VENVS,
     add_json_option,
+    draw_figures,
     machine_info,
     markdown_table,
     peer_python,
@@ -58,6 +62,7 @@ from benchlib import (  # noqa: E402
     run_phalanx_config,
     thread_environment,
     write_json,
+    write_peer_run,
 )
 
 PACKAGES = [
@@ -76,13 +81,15 @@ PACKAGES = [
 # task -> (purejaxql's script module, its alg config, phalanx's env id)
 TASKS = {
     "CartPole-v1": ("pqn_gymnax", "pqn_cartpole", "CartPole-v1"),
+    "Acrobot-v1": ("pqn_gymnax", "pqn_cartpole", "Acrobot-v1"),  # the alg config's other ENV_NAME
     "Breakout-MinAtar": ("pqn_minatar", "pqn_minatar", "gymnax:Breakout-MinAtar"),
     "Asterix-MinAtar": ("pqn_minatar", "pqn_minatar", "gymnax:Asterix-MinAtar"),
 }
 
 
-def peer_config(source: Path, task: str, steps: int, seed: int) -> dict[str, Any]:
-    """purejaxql's config as its hydra main sees it (``{**config, **config["alg"]}``) for ``task``."""
+def peer_config(source: Path, task: str, steps: int, seed: int, test: bool) -> dict[str, Any]:
+    """purejaxql's config as its hydra main sees it (``{**config, **config["alg"]}``) for ``task``;
+    ``test``: its evaluations during training (``TEST_DURING_TRAINING``) on, as its files have it, or off."""
     import yaml
 
     base = yaml.safe_load((source / "purejaxql" / "config" / "config.yaml").read_text())
@@ -90,6 +97,7 @@ def peer_config(source: Path, task: str, steps: int, seed: int) -> dict[str, Any
     alg = yaml.safe_load((source / "purejaxql" / "config" / "alg" / f"{TASKS[task][1]}.yaml").read_text())
     config = {**base, **alg, "ENV_NAME": task, "SEED": seed, "NUM_SEEDS": 1, "WANDB_MODE": "disabled"}
     config.update(TOTAL_TIMESTEPS=steps, TOTAL_TIMESTEPS_DECAY=steps, SAVE_PATH=None)
+    config["TEST_DURING_TRAINING"] = config["TEST_DURING_TRAINING"] and test
     return config
 
 
@@ -115,7 +123,7 @@ def settings(config: dict[str, Any], threads: int) -> dict[str, Any]:
         "num_envs": config["NUM_ENVS"],
         "total_steps": steps,
         "seed": config["SEED"],
-        "eval_every": test_every * rollout,
+        "eval_every": test_every * rollout if config["TEST_DURING_TRAINING"] else 0,  # 0: once, at the end
         "eval_episodes": config["TEST_NUM_ENVS"],
         "log_every": steps - max(1, updates(config) // 10) * rollout,  # the last row: the last 10%
         **({"torch_threads": threads} if threads else {}),
@@ -158,14 +166,26 @@ def child(source: str, config_json: str) -> dict[str, Any]:
     run_s = time.perf_counter() - start
     metrics = out["metrics"]  # each (seeds, updates)
     returns = np.asarray(metrics["returned_episode_returns"])[0]
-    tests = np.asarray(metrics["test/returned_episode_returns"])[0]
-    last = max(1, returns.shape[0] // 10)
+    steps = np.asarray(metrics["env_step"])[0]
+    count = returns.shape[0]
+    last = max(1, count // 10)
+    # The test curve: the updates that tested (every TEST_INTERVAL of them); the compiled scan has no clock
+    # inside, so the wall time of each point is run_s spread evenly over the updates.
+    curve = []
+    if config["TEST_DURING_TRAINING"]:
+        tests = np.asarray(metrics["test/returned_episode_returns"])[0]
+        test_every = int(count * config["TEST_INTERVAL"])
+        tested = [i for i in range(count) if (i + 1) % test_every == 0]
+        curve = [
+            [int(steps[i]), run_s * (i + 1) / count, float(tests[i]), run_s * (i + 1) / count] for i in tested
+        ]
     return {
         "steps": int(np.asarray(metrics["env_step"])[0][-1]),
         "compile_s": compile_s,
         "run_s": run_s,
         "final_return": float(returns[-last:].mean()),
-        "eval_return": float(tests[-1]),
+        "eval_return": curve[-1][2] if curve else None,
+        "curve": curve,
         "jax": jax.__version__,
     }
 
@@ -220,6 +240,13 @@ def main() -> None:
     parser.add_argument(
         "--source", type=Path, default=PEER_VENVS / "purejaxql-src", help="purejaxql checkout"
     )
+    parser.add_argument(
+        "--no-test",
+        dest="test",
+        action="store_false",
+        help="no evaluations during training on either side (purejaxql's TEST_DURING_TRAINING off; phalanx "
+        "one evaluation at the end): the training alone, timed",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     if not (args.source / "purejaxql" / "pqn_gymnax.py").is_file():
@@ -238,7 +265,7 @@ def main() -> None:
     for task in args.tasks:
         for seed in args.seeds:
             print(f"== {task}, seed {seed}", flush=True)
-            config = peer_config(args.source, task, args.steps, seed)
+            config = peer_config(args.source, task, args.steps, seed, args.test)
             name = f"{task}-s{seed}"
             command = [str(python), __file__, "--child", str(args.source), json.dumps(config)]
             peer = (
@@ -247,7 +274,12 @@ def main() -> None:
                 else run_child(command, logs / f"purejaxql-{name}.log", environment)
             )
             phalanx_settings = settings(config, args.threads)
-            phalanx = run_phalanx_config(phalanx_settings, logs / f"phalanx-{name}", environment)
+            phalanx = run_phalanx_config(phalanx_settings, logs / "runs" / f"phalanx-{name}", environment)
+            curve = peer.pop("curve", None)
+            if curve:  # a run directory that phalanx plot reads beside phalanx's
+                peer_settings = {"library": "purejaxql", "algo": "pqn", "env": phalanx_settings["env"]}
+                peer_settings.update(seed=seed, hyperparameters=config)
+                write_peer_run(logs / "runs" / f"purejaxql-{name}", peer_settings, curve)
             print(f"  purejaxql: {peer}\n  phalanx: {phalanx}", flush=True)
             results["runs"].append(
                 {
@@ -261,6 +293,17 @@ def main() -> None:
             if output is not None:  # rewritten after every run: an interrupted benchmark keeps its runs
                 write_json(results, output, "vs_purejaxql")
     print("\n" + table(results["runs"]) + "\n", flush=True)
+    figures = [
+        {
+            "runs": str(logs / "runs" / f"*-{task}-s*"),
+            "output": logs / f"vs_purejaxql-{task}.png",
+            "x": "steps",
+            "title": f"PQN on {task}: greedy evaluation, purejaxql's settings",
+        }
+        for task in args.tasks
+    ]
+    results["figures"] = draw_figures(figures) if args.test else []
+    print("\n".join(results["figures"]), flush=True)
     if output is not None:
         print(f"wrote {output}")
 
