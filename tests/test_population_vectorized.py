@@ -38,7 +38,7 @@ def single_run(tmp_path, name: str, env: str, seed: int, steps: int, **overrides
 
 def assert_member_equals_run(population: VectorizedPPO, member: int, trainer: Trainer) -> None:
     """Member ``member``'s policy and value parameters equal the single run's (float rounding only)."""
-    mine = population._single_tensors(population.parameters[member])
+    mine = population.single_tensors(member)
     theirs = [parameter.detach() for parameter in trainer.algorithm.parameters]
     assert len(mine) == len(theirs)
     for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):

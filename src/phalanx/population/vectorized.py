@@ -14,7 +14,7 @@ measures P members against one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -67,8 +67,81 @@ OPTIONAL_HYPERPARAMETERS = ("clip_value", "max_grad_norm")
 """Per-member hyperparameters that may be None (no clipping); stored as +inf in the tensors."""
 
 
+# -- what the on-policy populations share ------------------------------------------------------------
+class FlatAdamPopulation(VectorizedPopulation):
+    """The learner of VectorizedPPO and VectorizedPQN: every member's parameters one row of a flat
+    ``(P, D)`` buffer (``parameters``, ``gradients``), stepped by one VectorizedAdam with a learning rate
+    per member (``lr_factor``: anneal_lr's factor of the last update). Here: the eager gradient step, the
+    learner's checkpointed state, and a member's weights and Adam moments given to a single run."""
+
+    parameters: Tensor
+    gradients: Tensor
+    optimizer: VectorizedAdam
+    lr_factor: float
+    _layout: SingleLayout
+    _clips_gradients: bool
+
+    def _member_tensors(self) -> list[Tensor]:
+        optimizer = self.optimizer
+        return [self.parameters, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps]
+
+    def _learner_state(self) -> dict[str, Any]:
+        return {
+            "parameters": self.parameters.clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": self._progress(),
+        }
+
+    def _load_learner_state(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.parameters.copy_(state["parameters"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_progress(state["progress"])
+
+    def _progress(self) -> dict[str, float]:
+        """Where the schedules stand (checkpointed with the learner)."""
+        return {"lr_factor": self.lr_factor}
+
+    def _load_progress(self, progress: dict[str, float]) -> None:
+        self.lr_factor = progress["lr_factor"]
+
+    def _minimise(self, loss: Tensor, learning_rate: Tensor, max_grad_norm: Tensor) -> None:
+        """The eager gradient step of every member on its loss ``(P,)``: gradients, clipping per member
+        (clip_grad_norm_ over all its parameters), a VectorizedAdam step."""
+        self.gradients.zero_()
+        member_backward(loss)
+        with torch.no_grad():
+            if self._clips_gradients:
+                clip_member_grad_norm(self.gradients, max_grad_norm)
+            self.optimizer.step(learning_rate)
+
+    @torch.no_grad()
+    def _load_flat_member(
+        self,
+        member: int,
+        parameters: Sequence[Tensor],
+        optimizer: torch.optim.Optimizer,
+        learning_rate: float,
+    ) -> None:
+        """Member ``member``'s weights into a single run's ``parameters`` and its Adam state (step, moments,
+        learning rate: ``learning_rate`` times ``lr_factor``) into the run's ``optimizer``."""
+        for parameter, tensor in zip(parameters, self.single_tensors(member), strict=True):
+            parameter.copy_(tensor)
+        load_adam_state(
+            optimizer,
+            learning_rate * self.lr_factor,
+            float(self.optimizer.steps[member]),
+            self._layout.flat(self.optimizer.exp_avg[member]),
+            self._layout.flat(self.optimizer.exp_avg_sq[member]),
+        )
+
+    def single_tensors(self, member: int) -> list[Tensor]:
+        """Member ``member``'s ``(D,)`` row of the flat parameters as the tensors of its single run's."""
+        return self._layout.tensors(self.parameters[member])
+
+
 # -- PPO -------------------------------------------------------------------------------------------------
-class VectorizedPPO(VectorizedPopulation):
+class VectorizedPPO(FlatAdamPopulation):
     """P PPO members trained as one batched run; see the module docstring.
 
     ``config`` is an ordinary PPO TrainConfig (``phalanx.make_config("ppo", env, ...)``); ``total_steps``
@@ -142,23 +215,6 @@ class VectorizedPPO(VectorizedPopulation):
 
     def _evaluation_actor(self) -> MemberActor:
         return MemberActor(self.policy, self.num_members)
-
-    def _member_tensors(self) -> list[Tensor]:
-        optimizer = self.optimizer
-        return [self.parameters, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps]
-
-    def _learner_state(self) -> dict[str, Any]:
-        return {
-            "parameters": self.parameters.clone(),
-            "optimizer": self.optimizer.state_dict(),
-            "progress": {"lr_factor": self.lr_factor},
-        }
-
-    def _load_learner_state(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.parameters.copy_(state["parameters"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.lr_factor = state["progress"]["lr_factor"]
 
     def compile(self) -> list[str]:
         """Run the members' update compiled from now on, as :meth:`PPO.compile` does: each minibatch's
@@ -257,16 +313,6 @@ class VectorizedPPO(VectorizedPopulation):
         obs_dim = self.observation_space.shape[0]
         return functools.partial(member_loss, self.policy, self.value, obs_dim, self.discrete)
 
-    def _minimise(self, loss: Tensor, learning_rate: Tensor, max_grad_norm: Tensor) -> None:
-        """The eager gradient step of every member on its loss ``(P,)``: gradients, clipping per member
-        (clip_grad_norm_ over all its parameters), a VectorizedAdam step."""
-        self.gradients.zero_()
-        member_backward(loss)
-        with torch.no_grad():
-            if self._clips_gradients:
-                clip_member_grad_norm(self.gradients, max_grad_norm)
-            self.optimizer.step(learning_rate)
-
     def _loss_hyperparameters(self) -> ActorCriticHyperparameters:
         """The members' values of the loss's hyperparameters, float64 tensors: ``(P, 1)`` for the clip
         ranges, which act on every sample, ``(P,)`` for the loss weights; clip_value None when no member
@@ -286,23 +332,8 @@ class VectorizedPPO(VectorizedPopulation):
         """Member ``member``'s weights and Adam state (step, moments, learning rate) into a single PPO."""
         # ignored below: a single run of algorithm_class, PPO
         ppo: PPO = algorithm  # type: ignore[assignment]
-        for parameter, tensor in zip(
-            ppo.parameters, self._single_tensors(self.parameters[member]), strict=True
-        ):
-            parameter.copy_(tensor)
-        optimizer = self.optimizer
         assert ppo.optimizer is not None, "a member's run, built to learn"
-        load_adam_state(
-            ppo.optimizer,
-            ppo.config.learning_rate * self.lr_factor,
-            float(optimizer.steps[member]),
-            self._layout.flat(optimizer.exp_avg[member]),
-            self._layout.flat(optimizer.exp_avg_sq[member]),
-        )
-
-    def _single_tensors(self, row: Tensor) -> list[Tensor]:
-        """A member's ``(D,)`` row of the flat parameters as the tensors of a single PPO's ``parameters``."""
-        return self._layout.tensors(row)
+        self._load_flat_member(member, ppo.parameters, ppo.optimizer, ppo.config.learning_rate)
 
 
 class MemberSampler:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -31,13 +31,10 @@ from phalanx.gradient_step import GradientStep
 from phalanx.nets import EnsembleMLP
 from phalanx.optim import (
     VectorizedAdam,
-    clip_member_grad_norm,
     flatten_parameters,
-    load_adam_state,
-    member_backward,
 )
-from phalanx.population.vectorized import MemberSampler
-from phalanx.population.vectorized_base import SingleLayout, VectorizedPopulation, ensemble_linear_weights
+from phalanx.population.vectorized import FlatAdamPopulation, MemberSampler
+from phalanx.population.vectorized_base import SingleLayout, ensemble_linear_weights
 
 MEMBER_HYPERPARAMETERS: tuple[str, ...] = (
     "learning_rate",
@@ -53,7 +50,7 @@ CNN_ENCODERS = ("nature", "impala", "minatar")
 """``encoder`` values that put a CNN in front of the Q-network, which the batched members do not have."""
 
 
-class VectorizedPQN(VectorizedPopulation):
+class VectorizedPQN(FlatAdamPopulation):
     """P PQN members trained as one batched run; see the module docstring.
 
     ``config`` is an ordinary PQN TrainConfig (``phalanx.make_config("pqn", env, ...)``) of vector
@@ -74,6 +71,7 @@ class VectorizedPQN(VectorizedPopulation):
         "minibatch_size",
         "anneal_lr",
         "exploration_final_lowest",
+        "reward_scale",
     )
 
     @classmethod
@@ -120,23 +118,11 @@ class VectorizedPQN(VectorizedPopulation):
     def _evaluation_actor(self) -> GreedyMembers:
         return GreedyMembers(self.q_network, self.num_members)
 
-    def _member_tensors(self) -> list[Tensor]:
-        optimizer = self.optimizer
-        return [self.parameters, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.steps]
+    def _progress(self) -> dict[str, float]:
+        return {"lr_factor": self.lr_factor, "exploration_progress": self.progress}
 
-    def _learner_state(self) -> dict[str, Any]:
-        return {
-            "parameters": self.parameters.clone(),
-            "optimizer": self.optimizer.state_dict(),
-            "progress": {"lr_factor": self.lr_factor, "exploration_progress": self.progress},
-        }
-
-    def _load_learner_state(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.parameters.copy_(state["parameters"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.lr_factor = state["progress"]["lr_factor"]
-        self.progress = state["progress"]["exploration_progress"]
+    def _load_progress(self, progress: dict[str, float]) -> None:
+        self.lr_factor, self.progress = progress["lr_factor"], progress["exploration_progress"]
 
     def compile(self) -> list[str]:
         """Run the members' update compiled from now on, as :meth:`PQN.compile` does: each minibatch's
@@ -256,16 +242,6 @@ class VectorizedPQN(VectorizedPopulation):
         assert self.observation_space.shape is not None, "a flat observation space (check_batchable)"
         return functools.partial(member_q_loss, self.q_network, self.observation_space.shape[0])
 
-    def _minimise(self, loss: Tensor, learning_rate: Tensor, max_grad_norm: Tensor) -> None:
-        """The eager gradient step of every member on its loss ``(P,)``: gradients, clipping per member
-        (as clip_grad_norm_ over all its parameters), a rectified VectorizedAdam step."""
-        self.gradients.zero_()
-        member_backward(loss)
-        with torch.no_grad():
-            if self._clips_gradients:
-                clip_member_grad_norm(self.gradients, max_grad_norm)
-            self.optimizer.step(learning_rate)
-
     # -- a member as a single PQN ------------------------------------------------------------------------
     @torch.no_grad()
     def _load_member(self, member: int, algorithm: Algorithm) -> None:
@@ -273,22 +249,11 @@ class VectorizedPQN(VectorizedPopulation):
         into a single PQN."""
         # ignored below: a single run of algorithm_class, PQN
         pqn: PQN = algorithm  # type: ignore[assignment]
-        for parameter, tensor in zip(pqn.q_network.parameters(), self.single_tensors(member), strict=True):
-            parameter.copy_(tensor)
-        optimizer = self.optimizer
         assert pqn.optimizer is not None, "a member's run, built to learn"
-        load_adam_state(
-            pqn.optimizer,
-            pqn.config.learning_rate * self.lr_factor,
-            float(optimizer.steps[member]),
-            self._layout.flat(optimizer.exp_avg[member]),
-            self._layout.flat(optimizer.exp_avg_sq[member]),
+        self._load_flat_member(
+            member, list(pqn.q_network.parameters()), pqn.optimizer, pqn.config.learning_rate
         )
         pqn.exploration_decay.copy_(self.decay()[member, 0])
-
-    def single_tensors(self, member: int) -> list[Tensor]:
-        """Member ``member``'s parameters as the tensors of a single PQN's ``q_network.parameters()``."""
-        return self._layout.tensors(self.parameters[member])
 
 
 class GreedyMembers:
