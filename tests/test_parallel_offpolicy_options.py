@@ -345,13 +345,14 @@ def test_the_fast_td3_pendulum_example_reaches_minus_200(tmp_path):
         ("playground:WalkerWalk", None),
         ("HalfCheetah-v5", "fast_td3_halfcheetah.yaml"),
         ("MountainCarContinuous-v0", "fast_td3_mountaincar.yaml"),
+        ("playground:CheetahRun", "fast_td3_cheetahrun_cpu.yaml"),
     ],
 )
 def test_the_recipes_presets_and_examples_are_valid_configs(env, config):
-    """The recipe's presets and example configs that this CPU cannot train validate as they are: their
-    settings are the algorithm's fields with values it accepts (runs are measured on a GPU)."""
+    """The recipe's presets and example configs too long for a test validate as they are: their settings
+    are the algorithm's fields with values it accepts (the runs are measured in BENCHMARKS.md)."""
     overrides = {} if config is None else load_yaml(FAST_TD3_PENDULUM.parent / config)
     run = phalanx.make_config("td3", env, **overrides)
     run.validate()
-    assert run.num_envs == 1024 and run.hyperparameters.critic_atoms == 101
+    assert run.num_envs >= 256 and run.hyperparameters.critic_atoms == 101
     assert run.hyperparameters.exploration_noise_range is not None and run.hyperparameters.weight_decay > 0
