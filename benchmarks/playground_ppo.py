@@ -167,6 +167,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--minibatches", type=int, help="minibatches per epoch of each rollout (default 4)")
     parser.add_argument("--eval-episodes", type=int, help="final evaluation episodes (default 16 / 4)")
     parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="env steps between evaluations, for a curve (default 0: the end)",
+    )
+    parser.add_argument(
         "--impl",
         choices=("warp", "jax"),
         help="physics implementation (default: the task config's, warp; Playground's maintainers rerun the "
@@ -304,7 +310,7 @@ def run(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
         seed=args.seed,
         device=args.device,
         run_dir=args.run_dir,
-        eval_every=0,
+        eval_every=args.eval_every,
         eval_episodes=settings["eval_episodes"],
         normalize_obs=True,
         normalize_reward=True,
