@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,9 @@ def one_run(
     extra = ["--config", str(configs[env_id])] if configs else []
     log_dir = results / variant
     log_dir.mkdir(parents=True, exist_ok=True)
+    name = f"phalanx-{algo}-{env_id}-s{seed}"  # a run killed before its record: its directory goes, unplotted
+    for stale in [*log_dir.glob(f"runs/{name}"), *log_dir.glob(f"runs/{name}-*")]:
+        shutil.rmtree(stale)
     run = run_phalanx(algo, env_id, THRESHOLDS[env_id], seed, threads, log_dir, timeout, extra)
     run["variant"] = variant
     if run.get("error") is None:  # a failed run is run again next time
