@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
+from torch import nn
 
 from phalanx.algos.actor_critic_config import PPOConfig
 from phalanx.algos.base import Algorithm
@@ -69,17 +70,60 @@ OPTIONAL_HYPERPARAMETERS = ("clip_value", "max_grad_norm")
 
 # -- what the on-policy populations share ------------------------------------------------------------
 class FlatAdamPopulation(VectorizedPopulation):
-    """The learner of VectorizedPPO and VectorizedPQN: every member's parameters one row of a flat
-    ``(P, D)`` buffer (``parameters``, ``gradients``), stepped by one VectorizedAdam with a learning rate
-    per member (``lr_factor``: anneal_lr's factor of the last update). Here: the eager gradient step, the
-    learner's checkpointed state, and a member's weights and Adam moments given to a single run."""
+    """What VectorizedPPO and VectorizedPQN share: a round is one rollout of every member's sub-envs
+    (:meth:`_collect`) and one update of every member on it (:meth:`_update`); every member's parameters
+    are one row of a flat ``(P, D)`` buffer (``parameters``, ``gradients``), stepped by one VectorizedAdam
+    with a learning rate per member (``lr_factor``: anneal_lr's factor of the last update). Here: the
+    round, the eager and the compiled gradient step, the learner's checkpointed state, and a member's
+    weights and Adam moments given to a single run."""
 
     parameters: Tensor
     gradients: Tensor
     optimizer: VectorizedAdam
     lr_factor: float
+    gradient_step: GradientStep | None
+    gae: Callable[..., tuple[Tensor, Tensor]]
     _layout: SingleLayout
     _clips_gradients: bool
+
+    def _collect(self) -> None:
+        """Fill the rollout buffer with a rollout of every member's sub-envs."""
+        raise NotImplementedError
+
+    def _update(self, progress: float) -> dict[str, Tensor]:
+        """One update of every member on the rollout; its ``(P,)`` metrics."""
+        raise NotImplementedError
+
+    def _train_round(self, progress: float) -> dict[str, Tensor]:
+        self._collect()
+        self.updates += 1
+        return self._update(progress)
+
+    def networks(self) -> list[nn.Module]:
+        """The members' networks that :meth:`loss_function` differentiates."""
+        raise NotImplementedError
+
+    def loss_function(self) -> Callable[[Tensor], tuple[Tensor, Any]]:
+        """The loss ``(P,)`` of every member on its packed minibatch (the member sampler's)."""
+        raise NotImplementedError
+
+    def compile(self) -> list[str]:
+        """Run the members' update compiled from now on, as the algorithm's own compile does: each
+        minibatch's gradient step of every member (loss, gradients, per-member clipping, the VectorizedAdam
+        step with a learning rate per member) as one graph (:class:`~phalanx.gradient_step.GradientStep`),
+        the targets by :func:`~phalanx.buffers.compute_gae_scan`. The hyperparameters are tensor inputs
+        (mutating them compiles nothing); a host-side branch of the loss (PPO's: whether any member clips
+        values) compiles a second graph once when it changes. Acting stays eager."""
+        if self.gradient_step is None:
+            self.gradient_step = GradientStep(
+                self.optimizer,
+                self.networks(),
+                self.loss_function(),
+                self.hyperparameter_tensors["max_grad_norm"],
+            )
+            self.gradient_step.compile()
+            self.gae = compute_gae_scan
+        return ["update"]
 
     def _member_tensors(self) -> list[Tensor]:
         optimizer = self.optimizer
@@ -216,30 +260,10 @@ class VectorizedPPO(FlatAdamPopulation):
     def _evaluation_actor(self) -> MemberActor:
         return MemberActor(self.policy, self.num_members)
 
-    def compile(self) -> list[str]:
-        """Run the members' update compiled from now on, as :meth:`PPO.compile` does: each minibatch's
-        gradient step of every member (loss, gradients, per-member clipping, the VectorizedAdam step with
-        a learning rate per member) as one graph (:class:`~phalanx.gradient_step.GradientStep`), GAE as
-        :func:`~phalanx.buffers.compute_gae_scan`. The hyperparameters are tensor inputs (mutating them
-        compiles nothing), except whether any member clips values, which selects the loss's branch: a
-        change of that compiles a second graph once."""
-        if self.gradient_step is None:
-            self.gradient_step = GradientStep(
-                self.optimizer,
-                [self.policy, self.value],
-                self.loss_function(),
-                self.hyperparameter_tensors["max_grad_norm"],
-            )
-            self.gradient_step.compile()
-            self.gae = compute_gae_scan
-        return ["update"]
+    def networks(self) -> list[nn.Module]:
+        return [self.policy, self.value]
 
     # -- a round: collect a rollout, then one PPO update --------------------------------------------------
-    def _train_round(self, progress: float) -> dict[str, Tensor]:
-        self._collect()
-        self.updates += 1
-        return self._update(progress)
-
     @torch.no_grad()
     def _collect(self) -> None:
         """Fill the rollout buffer with ``horizon`` steps of every member's sub-envs (rows as the env's)."""

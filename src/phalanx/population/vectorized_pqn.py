@@ -23,7 +23,7 @@ from torch import nn
 
 from phalanx.algos.base import Algorithm
 from phalanx.algos.pqn import PQN, PQNConfig, QLambdaSettings, epsilon_greedy, epsilons_at, pqn_update, q_loss
-from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_scan
+from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae
 from phalanx.config import TrainConfig
 from phalanx.envs.core import Tensor
 from phalanx.errors import ConfigError
@@ -124,22 +124,8 @@ class VectorizedPQN(FlatAdamPopulation):
     def _load_progress(self, progress: dict[str, float]) -> None:
         self.lr_factor, self.progress = progress["lr_factor"], progress["exploration_progress"]
 
-    def compile(self) -> list[str]:
-        """Run the members' update compiled from now on, as :meth:`PQN.compile` does: each minibatch's
-        gradient step of every member (loss, gradients, per-member clipping, the rectified VectorizedAdam
-        step with a learning rate per member) as one graph, the targets with
-        :func:`~phalanx.buffers.compute_gae_scan`. The hyperparameters are tensor inputs: mutating them
-        compiles nothing. Acting stays eager."""
-        if self.gradient_step is None:
-            self.gradient_step = GradientStep(
-                self.optimizer,
-                [self.q_network],
-                self.loss_function(),
-                self.hyperparameter_tensors["max_grad_norm"],
-            )
-            self.gradient_step.compile()
-            self.gae = compute_gae_scan
-        return ["update"]
+    def networks(self) -> list[nn.Module]:
+        return [self.q_network]
 
     # -- epsilon-greedy acting --------------------------------------------------------------------------
     def decay(self) -> Tensor:
@@ -157,11 +143,6 @@ class VectorizedPQN(FlatAdamPopulation):
         return epsilons_at(initial, final, lowest, self.decay(), self.num_envs)
 
     # -- a round: collect a rollout, then one PQN update ------------------------------------------------
-    def _train_round(self, progress: float) -> dict[str, Tensor]:
-        self._collect()
-        self.updates += 1
-        return self._update(progress)
-
     @torch.no_grad()
     def _collect(self) -> None:
         """Fill the rollout buffer with ``horizon`` steps of every member's sub-envs (rows as the env's):
