@@ -11,8 +11,9 @@ sizes). CleanRL also asks EnvPool for ``episodic_life=True, reward_clip=True``; 
 (it has no lives, and its rewards are already -1 and +1), so phalanx's ``envpool:Pong-v5`` with
 EnvPool's defaults steps the same game.
 
-CleanRL's script runs unmodified (benchmarks/peers/cleanrl/, fetched with its licence; see
-benchmarks/peers/README.md) in a virtualenv of its own that this script creates on first use under
+CleanRL's script runs unmodified, from a checkout of its repository at the commit measured
+(benchmarks/.peers/cleanrl-src; the script says how to clone it: CleanRL's code is not kept here) in a
+virtualenv of its own that this script creates on first use under
 benchmarks/.peers/cleanrl-atari with pinned versions. The script is written against gym 0.23's API
 (``reset()`` returns the observations, ``step`` four values) and EnvPool's ``env_type="gym"``; EnvPool
 1.x speaks only Gymnasium's API, so the virtualenv has EnvPool 0.8.4 (the oldest with Python 3.11
@@ -58,12 +59,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
-    PEER_SOURCES,
     add_json_option,
     final_evaluation_seconds,
     machine_info,
     markdown_table,
+    peer_checkout,
     peer_python,
+    peer_source,
     run_child,
     run_process,
     thread_environment,
@@ -82,7 +84,7 @@ PEER_PACKAGES = [
     "tyro==1.0.17",
     "tensorboard==2.21.0",
 ]
-CLEANRL_SCRIPT = PEER_SOURCES / "cleanrl" / "ppo_atari_envpool.py"
+CLEANRL_SCRIPT = "cleanrl/ppo_atari_envpool.py"  # in CleanRL's checkout
 GAME = "Pong-v5"
 
 # CleanRL's ppo_atari_envpool.py defaults, passed to both sides.
@@ -116,7 +118,7 @@ def tail_start(total_steps: int) -> float:
 def cleanrl_command(python: Path, total_steps: int, seed: int, device: str) -> list[str]:
     return [
         str(python),
-        str(CLEANRL_SCRIPT),
+        str(peer_checkout("cleanrl") / CLEANRL_SCRIPT),
         f"--env-id={GAME}",
         f"--seed={seed}",
         "--cuda" if device.startswith("cuda") else "--no-cuda",
@@ -415,6 +417,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     total_steps = whole_updates(args.steps)
     libraries = [args.only] if args.only else ["cleanrl", "phalanx"]
+    if "cleanrl" in libraries:
+        peer_source("cleanrl", [CLEANRL_SCRIPT])
     python = peer_python(PEER, PEER_PACKAGES) if "cleanrl" in libraries else None
     logs = Path(tempfile.mkdtemp(prefix="atari_pong-logs-"))
     machine = machine_info(args.device)

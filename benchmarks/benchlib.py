@@ -20,8 +20,14 @@ from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
-PEER_SOURCES = Path(__file__).resolve().parent / "peers"  # peers' sources, as fetched (peers/README.md)
-PEER_VENVS = Path(__file__).resolve().parent / ".peers"  # peers' virtualenvs, made on first use
+PEER_VENVS = Path(__file__).resolve().parent / ".peers"  # peers' virtualenvs and checkouts (gitignored)
+# The peers' repositories, at the commits measured. Their code is theirs: it is cloned beside the
+# virtualenvs (:func:`peer_source`), run unmodified, and never committed here.
+PEER_REPOSITORIES = {
+    "cleanrl": ("https://github.com/vwxyzjn/cleanrl", "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"),
+    "purejaxrl": ("https://github.com/luchris429/purejaxrl", "31756b197773a52db763fdbe6d635e4b46522a73"),
+    "purejaxql": ("https://github.com/mttga/purejaxql", "47af6d7b35c89ddfe633aaf7341bdb8964cb7cce"),
+}
 
 
 def cpu_model() -> str:
@@ -410,6 +416,34 @@ def run_phalanx_config(
 
 
 # -- peers run as they are, in virtualenvs of their own ----------------------------------------------------
+def peer_checkout(peer: str) -> Path:
+    """Where the checkout of ``peer`` (a key of :data:`PEER_REPOSITORIES`) goes:
+    ``benchmarks/.peers/PEER-src``."""
+    return PEER_VENVS / f"{peer}-src"
+
+
+def peer_source(peer: str, needs: Sequence[str], source: Path | None = None) -> Path:
+    """The checkout of ``peer`` (``source``, or :func:`peer_checkout`) holding the files ``needs``.
+
+    Exits with the commands that clone it, at the commit measured, when a file is missing; says so when
+    the checkout is at another commit (its figures are then not the recorded ones)."""
+    url, commit = PEER_REPOSITORIES[peer]
+    checkout = peer_checkout(peer) if source is None else source
+    missing = [name for name in needs if not (checkout / name).is_file()]
+    if missing:
+        raise SystemExit(
+            f"{peer}: no checkout of {url} at {checkout} ({', '.join(missing)} missing). Its code is not "
+            f"kept in this repository; clone it there, at the commit measured:\n  git clone {url} "
+            f"{checkout} && git -C {checkout} checkout {commit}"
+        )
+    head = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if head != commit:
+        print(f"note: {checkout} is at {head or 'an unknown commit'}, not {commit[:8]} as measured")
+    return checkout
+
+
 def peer_python(peer: str, packages: list[str]) -> Path | None:
     """The Python of the virtualenv ``benchmarks/.peers/PEER`` with ``packages`` (pinned), created and
     installed on first use; None (and what to install, printed) when it cannot be set up."""

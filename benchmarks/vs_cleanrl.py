@@ -2,11 +2,12 @@
 ``sac_continuous_action.py``, the same env, env steps and seeds, one run after another (or with
 ``--concurrent`` both sides of a pair at the same time, one core each).
 
-CleanRL's scripts run unmodified (benchmarks/peers/cleanrl/, fetched byte for byte with their licence
-and the ``cleanrl_utils/buffers.py`` the SAC script imports; see benchmarks/peers/README.md) with their
-own defaults (the PPO paper's MuJoCo settings; SAC with a 5k-step random warm-up), in a virtualenv of
-their own that this script creates on first use under benchmarks/.peers/cleanrl-mujoco with pinned
-versions. phalanx runs ``phalanx train ALGO ENV`` with its shipped MuJoCo preset.
+CleanRL's scripts run unmodified, from a checkout of its repository at the commit measured
+(benchmarks/.peers/cleanrl-src, with the ``cleanrl_utils/buffers.py`` the SAC script imports; the script
+says how to clone it: CleanRL's code is not kept here) with their own defaults (the PPO paper's MuJoCo
+settings; SAC with a 5k-step random warm-up), in a virtualenv of their own that this script creates on first
+use under benchmarks/.peers/cleanrl-mujoco with pinned versions. phalanx runs ``phalanx train ALGO ENV``
+with its shipped MuJoCo preset.
 
 The env version. CleanRL's scripts at that commit read Gymnasium 0.29's vector-env API
 (``infos["final_info"]``, ``infos["final_observation"]``), which Gymnasium 1.x removed, and CleanRL pins
@@ -72,11 +73,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
-    PEER_SOURCES,
     RESULTS_DIR,
     machine_info,
     markdown_table,
+    peer_checkout,
     peer_python,
+    peer_source,
     run_child,
     run_process,
     run_process_timed,
@@ -96,9 +98,9 @@ PEER_PACKAGES = [
     "tyro==1.0.17",
     "tensorboard==2.21.0",
 ]
-CLEANRL_SCRIPTS = {
-    "ppo": PEER_SOURCES / "cleanrl" / "ppo_continuous_action.py",
-    "sac": PEER_SOURCES / "cleanrl" / "sac_continuous_action.py",
+CLEANRL_SCRIPTS = {  # in CleanRL's checkout
+    "ppo": "cleanrl/ppo_continuous_action.py",
+    "sac": "cleanrl/sac_continuous_action.py",
 }
 # The issue's budgets: PPO 1M env steps, SAC 300k (this CPU; 1M on a GPU).
 DEFAULT_STEPS = {"ppo": 1_000_000, "sac": 300_000}
@@ -165,7 +167,7 @@ def cleanrl_command(
 ) -> list[str]:
     command = [
         str(python),
-        str(CLEANRL_SCRIPTS[algo]),
+        str(peer_checkout("cleanrl") / CLEANRL_SCRIPTS[algo]),
         f"--env-id={env}",
         f"--seed={seed}",
         f"--total-timesteps={steps}",
@@ -248,8 +250,8 @@ def run_cleanrl(
     workdir = out / run_name("cleanrl", algo, env, seed)  # its runs/ (TensorBoard files) go there
     shutil.rmtree(workdir, ignore_errors=True)  # what an interrupted attempt left
     workdir.mkdir(parents=True)
-    # cleanrl_utils (the SAC script imports its ReplayBuffer) is next to the scripts
-    environment = {**thread_environment(threads), "PYTHONPATH": str(PEER_SOURCES / "cleanrl")}
+    # cleanrl_utils (the SAC script imports its ReplayBuffer) is at the checkout's top
+    environment = {**thread_environment(threads), "PYTHONPATH": str(peer_checkout("cleanrl"))}
     log = workdir / "output.log"
     code, lines, process_s = run_process_timed(command, log, cwd=workdir, environment=environment)
     result = {"command": shlex.join(command), "log": str(log), "process_s": process_s}
@@ -683,6 +685,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if previous:
         print(f"going on from {output}: {len(previous.get('pairs', {}))} pair(s) recorded", flush=True)
 
+    peer_source("cleanrl", list(CLEANRL_SCRIPTS.values()))
     python = peer_python(PEER, PEER_PACKAGES)
     if python is None:
         raise SystemExit("CleanRL's virtualenv could not be set up (see above); nothing was run.")

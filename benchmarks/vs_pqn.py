@@ -1,8 +1,9 @@
 """PQN side by side: CleanRL's ``pqn.py`` against ``phalanx train pqn``, the same settings, env steps and
 seeds, one run after another (issue 38, part 3).
 
-CleanRL's script runs unmodified (benchmarks/peers/cleanrl/pqn.py, fetched byte for byte with its licence;
-see benchmarks/peers/README.md) in the ``cleanrl`` virtualenv that benchmarks/vs_purejaxrl.py also uses
+CleanRL's script runs unmodified, from a checkout of its repository at the commit measured
+(benchmarks/.peers/cleanrl-src; the script says how to clone it: its code is not kept here), in the
+``cleanrl`` virtualenv that benchmarks/vs_purejaxrl.py also uses
 (benchmarks/.peers/cleanrl, created on first use with the pinned versions of ``PEER_PACKAGES``; Gymnasium
 0.29.1, whose ``infos["final_info"]`` the script reads). Its defaults are the settings: 4 envs x 128 steps,
 4 epochs x 4 minibatches, RAdam lr 2.5e-4 annealed linearly, a 120-84 ReLU network with LayerNorm,
@@ -44,11 +45,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
-    PEER_SOURCES,
     add_json_option,
     machine_info,
     markdown_table,
+    peer_checkout,
     peer_python,
+    peer_source,
     run_phalanx_config,
     run_process,
     thread_environment,
@@ -57,6 +59,7 @@ from benchlib import (  # noqa: E402
 from vs_purejaxrl import PEER_PACKAGES  # noqa: E402  # the one pinned CleanRL virtualenv
 
 ENVS = ["CartPole-v1", "Acrobot-v1"]
+CLEANRL_SCRIPT = "cleanrl/pqn.py"  # in CleanRL's checkout
 NUM_ENVS, NUM_STEPS = 4, 128
 BATCH = NUM_ENVS * NUM_STEPS
 SETTINGS = {  # CleanRL pqn.py's defaults, as phalanx's hyperparameters
@@ -91,7 +94,7 @@ def run_cleanrl(python: Path, env: str, steps: int, seed: int, log: Path) -> dic
     """CleanRL's pqn.py as it is, its defaults but the env, the seed, the steps and no CUDA."""
     command = [
         str(python),
-        str(PEER_SOURCES / "cleanrl" / "pqn.py"),
+        str(peer_checkout("cleanrl") / CLEANRL_SCRIPT),
         f"--env-id={env}",
         f"--seed={seed}",
         f"--total-timesteps={steps}",
@@ -192,6 +195,7 @@ def main() -> None:
     add_json_option(parser)
     args = parser.parse_args()
 
+    peer_source("cleanrl", [CLEANRL_SCRIPT])
     os.environ.update(thread_environment(args.threads))  # CleanRL's torch too, through OMP_NUM_THREADS
     python = peer_python("cleanrl", PEER_PACKAGES["cleanrl"])
     steps = whole_rollouts(args.steps)

@@ -52,12 +52,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
-    PEER_VENVS,
     add_json_option,
     draw_figures,
     machine_info,
     markdown_table,
+    peer_checkout,
     peer_python,
+    peer_source,
     run_child,
     run_phalanx_config,
     thread_environment,
@@ -237,9 +238,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=500_000, help="env steps (whole updates of each side)")
     parser.add_argument("--threads", type=int, default=1, help="threads of each side (0: its default)")
-    parser.add_argument(
-        "--source", type=Path, default=PEER_VENVS / "purejaxql-src", help="purejaxql checkout"
-    )
+    parser.add_argument("--source", type=Path, default=peer_checkout("purejaxql"), help="purejaxql checkout")
     parser.add_argument(
         "--no-test",
         dest="test",
@@ -249,11 +248,7 @@ def main() -> None:
     )
     add_json_option(parser)
     args = parser.parse_args()
-    if not (args.source / "purejaxql" / "pqn_gymnax.py").is_file():
-        parser.error(
-            f"--source {args.source}: no purejaxql checkout there (purejaxql/pqn_gymnax.py missing); "
-            f"git clone https://github.com/mttga/purejaxql {args.source}"
-        )
+    peer_source("purejaxql", ["purejaxql/pqn_gymnax.py", "purejaxql/pqn_minatar.py"], args.source)
 
     environment = thread_environment(args.threads)
     python = peer_python("purejaxql", PACKAGES)

@@ -1,11 +1,12 @@
 """Equal-work PPO on CartPole-v1: phalanx against PureJaxRL's ``ppo.py`` and CleanRL's ``ppo.py``.
 
-The peers run unmodified (their sources in benchmarks/peers/, fetched with their licences), each in a
-virtualenv of its own that this script creates on first use under benchmarks/.peers/ with pinned
-versions. Every run is a process of its own; all use the same PPO hyperparameters (PureJaxRL's
-CartPole config: 64x64 tanh, lr 2.5e-4 annealed, 4 epochs, 4 minibatches, entropy 0.01, clip 0.2,
-value clip 0.2, grad norm 0.5, gamma 0.99, GAE 0.95, value coefficient 0.5) and the same number of
-env steps (whole updates: num_envs x num_steps x updates).
+The peers run unmodified, from checkouts of their repositories at the commits measured
+(benchmarks/.peers/purejaxrl-src and cleanrl-src; the script says how to clone them: their code is not kept
+here), each in a virtualenv of its own that this script creates on first use under benchmarks/.peers/ with
+pinned versions. Every run is a process of its own; all use the same PPO hyperparameters (PureJaxRL's
+CartPole config: 64x64 tanh, lr 2.5e-4 annealed, 4 epochs, 4 minibatches, entropy 0.01, clip 0.2, value clip
+0.2, grad norm 0.5, gamma 0.99, GAE 0.95, value coefficient 0.5) and the same number of env steps (whole
+updates: num_envs x num_steps x updates).
 
 What is measured, per run:
 - run s: the training without compilation. PureJaxRL: the call of the compiled ``train`` until
@@ -48,11 +49,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchlib import (  # noqa: E402
-    PEER_SOURCES,
     add_json_option,
     machine_info,
     markdown_table,
+    peer_checkout,
     peer_python,
+    peer_source,
     run_child,
     run_phalanx_config,
     run_process,
@@ -109,7 +111,7 @@ def child_purejaxrl(num_envs: int, num_steps: int, total_steps: int, seed: int) 
     import jax
     import numpy as np
 
-    sys.path.insert(0, str(PEER_SOURCES / "purejaxrl"))  # its ppo.py imports its wrappers.py so
+    sys.path.insert(0, str(peer_checkout("purejaxrl") / "purejaxrl"))  # its ppo.py imports wrappers.py so
     from ppo import make_train
 
     config = {
@@ -221,7 +223,7 @@ def run_cleanrl(
 ) -> dict[str, Any]:
     command = [
         str(python),
-        str(PEER_SOURCES / "cleanrl" / "ppo.py"),
+        str(peer_checkout("cleanrl") / "cleanrl" / "ppo.py"),
         "--env-id=CartPole-v1",
         f"--seed={seed}",
         "--no-cuda",
@@ -352,6 +354,9 @@ def main() -> None:
 
     os.environ.update(thread_environment(args.threads))  # every process started from here inherits it
     libraries = args.only or ["purejaxrl", "cleanrl", "phalanx"]
+    for peer, script in (("purejaxrl", "purejaxrl/ppo.py"), ("cleanrl", "cleanrl/ppo.py")):
+        if peer in libraries:
+            peer_source(peer, [script])
     pythons = {
         peer: peer_python(peer, PEER_PACKAGES[peer]) for peer in ("purejaxrl", "cleanrl") if peer in libraries
     }

@@ -63,8 +63,11 @@ def test_phalanx_runs_the_v4_id_with_the_v5_preset(vs_cleanrl, algo, tmp_path):
 def test_cleanrl_scripts_accept_the_flags_given(vs_cleanrl, algo, monkeypatch):
     tyro = pytest.importorskip("tyro")
     pytest.importorskip("torch.utils.tensorboard")
-    monkeypatch.syspath_prepend(str(vs_cleanrl.PEER_SOURCES / "cleanrl"))  # the SAC script's cleanrl_utils
-    script = load_module(f"cleanrl_{algo}", vs_cleanrl.CLEANRL_SCRIPTS[algo])  # its __main__ block not run
+    checkout = vs_cleanrl.peer_checkout("cleanrl")
+    if not (checkout / vs_cleanrl.CLEANRL_SCRIPTS[algo]).is_file():
+        pytest.skip(f"no CleanRL checkout at {checkout} (benchmarks/vs_cleanrl.py says how to clone it)")
+    monkeypatch.syspath_prepend(str(checkout))  # the SAC script's cleanrl_utils
+    script = load_module(f"cleanrl_{algo}", checkout / vs_cleanrl.CLEANRL_SCRIPTS[algo])  # no __main__ run
     command = vs_cleanrl.cleanrl_command(
         "python", algo, "Walker2d-v4", seed=3, steps=6_000, learning_starts=1_000
     )
@@ -221,6 +224,7 @@ def test_concurrent_runs_both_sides_of_a_pair_at_once(vs_cleanrl, monkeypatch, t
 
         return run
 
+    monkeypatch.setattr(vs_cleanrl, "peer_source", lambda *args: tmp_path)  # no CleanRL checkout needed
     monkeypatch.setattr(vs_cleanrl, "peer_python", lambda *args: Path(sys.executable))
     monkeypatch.setattr(vs_cleanrl, "env_check", lambda *args: {"observations": [[0.0]]})
     monkeypatch.setattr(vs_cleanrl, "same_trajectory", lambda ours, theirs: {"same": True})

@@ -1,6 +1,7 @@
 """benchmarks/vs_pqn.py: the settings it gives phalanx are CleanRL pqn.py's defaults (read from the peer's
-source) and the shipped presets', they make a valid run of the same env steps, and CleanRL's printed lines
-give the speed and final return it reports. The runs take minutes and the peer's virtualenv: not run here."""
+checkout, when there is one) and the shipped presets', they make a valid run of the same env steps, and
+CleanRL's printed lines give the speed and final return it reports. The runs take minutes and the peer's
+virtualenv: not run here."""
 
 from __future__ import annotations
 
@@ -37,9 +38,13 @@ def vs_pqn():
     return module
 
 
-def cleanrl_defaults() -> dict:
-    """The defaults of the ``Args`` dataclass of benchmarks/peers/cleanrl/pqn.py, read from its source."""
-    tree = ast.parse((ROOT / "benchmarks" / "peers" / "cleanrl" / "pqn.py").read_text())
+def cleanrl_defaults(vs_pqn) -> dict:
+    """The defaults of the ``Args`` dataclass of CleanRL's pqn.py, read from its checkout (skips without
+    one: CleanRL's code is not kept in this repository)."""
+    script = vs_pqn.peer_checkout("cleanrl") / vs_pqn.CLEANRL_SCRIPT
+    if not script.is_file():
+        pytest.skip(f"no CleanRL checkout at {script.parents[1]} (benchmarks/vs_pqn.py says how to clone it)")
+    tree = ast.parse(script.read_text())
     args = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args")
     return {
         node.target.id: ast.literal_eval(node.value)
@@ -48,18 +53,22 @@ def cleanrl_defaults() -> dict:
     }
 
 
-def test_phalanx_gets_cleanrl_defaults_and_the_presets(vs_pqn):
-    cleanrl = cleanrl_defaults()
+def test_the_settings_are_cleanrl_defaults(vs_pqn):
+    cleanrl = cleanrl_defaults(vs_pqn)
     settings = vs_pqn.SETTINGS
     assert {ours: settings[ours] for ours in CLEANRL_NAMES.values()} == {
         ours: cleanrl[theirs] for theirs, ours in CLEANRL_NAMES.items()
     }
     assert (vs_pqn.NUM_ENVS, settings["horizon"]) == (cleanrl["num_envs"], cleanrl["num_steps"])
     assert settings["minibatch_size"] == vs_pqn.BATCH // cleanrl["num_minibatches"]
+    assert cleanrl["total_timesteps"] == 500_000
+
+
+def test_the_presets_are_the_settings(vs_pqn):
     for env in vs_pqn.ENVS:
         preset = presets("pqn")[env]
-        assert preset["num_envs"] == vs_pqn.NUM_ENVS and preset["total_steps"] == cleanrl["total_timesteps"]
-        assert {key: preset["hyperparameters"][key] for key in settings} == settings
+        assert preset["num_envs"] == vs_pqn.NUM_ENVS and preset["total_steps"] == 500_000
+        assert {key: preset["hyperparameters"][key] for key in vs_pqn.SETTINGS} == vs_pqn.SETTINGS
 
 
 def test_phalanx_settings_make_a_valid_run_of_whole_rollouts(vs_pqn, tmp_path):
