@@ -666,6 +666,9 @@ def test_killed_or_interrupted_population_resumes_without_losing_evaluations(tmp
     if signal_name != "SIGKILL":
         assert process.returncode == 128 + getattr(signal, signal_name), output
         assert f"phalanx population resume {directory}" in " ".join(output.split())
+        cause = {"SIGINT": "Ctrl+C", "SIGTERM": "SIGTERM"}[signal_name]
+        interrupts = [e["reason"].split(":")[0] for e in decisions(directory) if e["event"] == "interrupt"]
+        assert interrupts == [cause]
     before = Leaderboard.load(directory)
     scored_before = {m.id: list(m.scores) for m in before.members.values()}
     deadline = time.time() + 30  # the members' processes see their parent gone and end
@@ -853,9 +856,12 @@ def test_a_vectorized_populations_plot_and_report_say_what_there_is(tmp_path, mo
     assert sorted(label.split()[0] for label in labels) == sorted(board.members)
 
 
-def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
+def test_vectorized_population_resumes_after_sigterm(tmp_path, monkeypatch):
     from phalanx.population import PopulationInterrupted
     from phalanx.population.orchestrator import VectorizedRun
+    from phalanx.train import interrupts
+
+    monkeypatch.setattr(interrupts._Received, "last", signal.SIGTERM)  # as its handler records it
 
     directory = tmp_path / "pop"
     config = tiny_population(directory, backend="vectorized", size=4, strategy="generational")
@@ -877,6 +883,8 @@ def test_vectorized_population_resumes_after_ctrl_c(tmp_path):
             run_population(config, show_progress=False)
     finally:
         VectorizedRun.select = original
+    interrupt = [e["reason"] for e in decisions(directory) if e["event"] == "interrupt"]
+    assert interrupt == [f"SIGTERM at {2 * STEPS:,} steps; resume goes on from the last interval"]
     before = {m.id: list(m.scores) for m in Leaderboard.load(directory).members.values()}
     assert all(len(scores) == 2 for scores in before.values())
     resume_population(directory, show_progress=False)

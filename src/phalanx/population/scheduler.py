@@ -48,6 +48,7 @@ from phalanx.population.outcome import (
 )
 from phalanx.registry import trainer_class
 from phalanx.train.environments import picklable_factory
+from phalanx.train.interrupts import stop_cause
 
 
 class Orchestrator:
@@ -175,7 +176,9 @@ class Orchestrator:
             self.backend.close()  # a member in flight saves its checkpoint as it ends
             for member in self.board.live():
                 member.status = "waiting"
-            self.decide("interrupt", None, "Ctrl+C: members saved checkpoints; resume goes on from them")
+            self.decide(
+                "interrupt", None, f"{stop_cause()}: members saved checkpoints; resume goes on from them"
+            )
             self.board.save()
             raise PopulationInterrupted(self.directory) from None
         finally:

@@ -24,6 +24,7 @@ from phalanx.population.outcome import (
 )
 from phalanx.registry import vectorized_population
 from phalanx.train.checkpoint import CheckpointManager, load_checkpoint
+from phalanx.train.interrupts import stop_cause
 
 
 class VectorizedRun:
@@ -83,7 +84,9 @@ class VectorizedRun:
                 board.save()
         except KeyboardInterrupt:
             self.decide(
-                "interrupt", None, f"Ctrl+C at {engine.steps:,} steps; resume goes on from the last interval"
+                "interrupt",
+                None,
+                f"{stop_cause()} at {engine.steps:,} steps; resume goes on from the last interval",
             )
             raise PopulationInterrupted(board.directory) from None
         finally:

@@ -50,6 +50,13 @@ def received_signal() -> str | None:
     return _Received.last.name if _Received.last is not None else None
 
 
+def stop_cause() -> str:
+    """What asked this process to stop, as a log line names it: "SIGTERM", or "Ctrl+C" (SIGINT, or a
+    stop requested without a signal)."""
+    name = received_signal()
+    return "Ctrl+C" if name in (None, "SIGINT") else name
+
+
 def exit_code() -> int:
     """The exit code of a command a stop signal ended: 128 + the signal's number (130 for Ctrl+C, 143
     for SIGTERM), as a shell reports a process the signal killed."""
