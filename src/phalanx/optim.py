@@ -278,6 +278,18 @@ def load_adam_state(
     optimizer.load_state_dict(state)
 
 
+def linear_decay(progress: float) -> float:
+    """The factor of an annealed learning rate (``anneal_lr``): 1 at the start of the budget, falling
+    linearly to 0 at ``progress`` 1 and staying there."""
+    return max(1.0 - progress, 0.0)
+
+
+def anneal_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float, progress: float) -> None:
+    """Every param group of ``optimizer`` at ``learning_rate`` times :func:`linear_decay` of ``progress``."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate * linear_decay(progress)
+
+
 def gradients(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """The gradients ``optimizer`` steps on (one tensor for a flat optimiser)."""
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -46,7 +46,7 @@ from phalanx.nets import (
     head_on_features,
     multi_discrete_sizes,
 )
-from phalanx.optim import make_adam, make_rmsprop
+from phalanx.optim import anneal_learning_rate, make_adam, make_rmsprop
 
 Tensor = torch.Tensor
 PolicyHead = CategoricalPolicy | GaussianPolicy | MultiCategoricalPolicy
@@ -579,8 +579,7 @@ class PPO(Algorithm):
         config = self.config
         if config.anneal_lr:
             assert self.optimizer is not None, "a learning algorithm has its optimiser"
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
+            anneal_learning_rate(self.optimizer, config.learning_rate, progress)
 
 
 class A2C(PPO):

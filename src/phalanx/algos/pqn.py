@@ -37,7 +37,7 @@ from phalanx.buffers import RolloutBuffer, StepLayout, compute_gae, compute_gae_
 from phalanx.config import AlgoConfig, TrainConfig, check, is_int
 from phalanx.gradient_step import GradientStep
 from phalanx.nets import feature_encoder
-from phalanx.optim import make_radam
+from phalanx.optim import anneal_learning_rate, make_radam
 
 Tensor = torch.Tensor
 
@@ -386,8 +386,7 @@ class PQN(Algorithm):
         config = self.config
         assert self.optimizer is not None, "a learning algorithm has its optimiser"
         if config.anneal_lr:  # linearly to 0 at the end of the budget
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.learning_rate * max(1.0 - progress, 0.0)
+            anneal_learning_rate(self.optimizer, config.learning_rate, progress)
         horizon, num_envs = rollout.rewards.shape
 
         # 1.-3. From max_a Q of every step's true next observation (the final one where an episode ended):

@@ -48,6 +48,7 @@ from phalanx.optim import (
     VectorizedAdam,
     clip_member_grad_norm,
     flatten_parameters,
+    linear_decay,
     load_adam_state,
     member_backward,
 )
@@ -296,7 +297,7 @@ class VectorizedPPO(FlatAdamPopulation):
         per member. The metrics, as PPO.update's, ``(P,)``."""
         config = _ppo_settings(self.config)
         if config.anneal_lr:
-            self.lr_factor = max(1.0 - progress, 0.0)
+            self.lr_factor = linear_decay(progress)
         hp = self.hyperparameter_tensors  # (P,) each
         learning_rate = hp["learning_rate"] * self.lr_factor  # (P,) float64
         max_grad_norm = hp["max_grad_norm"].float()  # (P,), inf: no clipping

@@ -32,6 +32,7 @@ from phalanx.nets import EnsembleMLP
 from phalanx.optim import (
     VectorizedAdam,
     flatten_parameters,
+    linear_decay,
 )
 from phalanx.population.vectorized import FlatAdamPopulation, MemberSampler
 from phalanx.population.vectorized_base import SingleLayout, ensemble_linear_weights
@@ -181,7 +182,7 @@ class VectorizedPQN(FlatAdamPopulation):
         schedules move. The metrics, as PQN.update's, ``(P,)``."""
         config = _pqn_settings(self.config)
         if config.anneal_lr:
-            self.lr_factor = max(1.0 - progress, 0.0)
+            self.lr_factor = linear_decay(progress)
         hp = self.hyperparameter_tensors  # (P,) each
         learning_rate = hp["learning_rate"] * self.lr_factor  # (P,) float64
         max_grad_norm = hp["max_grad_norm"].float()  # (P,), inf: no clipping
