@@ -24,6 +24,7 @@ from phalanx.compiling import compile_problem
 from phalanx.config import load_yaml
 from phalanx.errors import ConfigError
 from phalanx.gradient_step import GradientStep
+from phalanx.nets.mlp import mlp
 from phalanx.optim import DECOUPLED_WEIGHT_DECAY, make_adam
 from phalanx.population.vectorized_off_policy import VectorizedTD3
 
@@ -89,6 +90,7 @@ def test_without_a_range_the_noise_draws_exactly_what_it_drew_before():
             r"per-env noise needs at least 2 sub-envs; with one env use exploration_noise",
         ),
         ({"weight_decay": -0.1}, r"weight_decay = -0.1 is invalid: expected a number >= 0"),
+        ({"actor_output_gain": 0.0}, r"actor_output_gain = 0.0 is invalid: expected > 0, e.g. 0.01"),
         (  # the replay must hold the warm-up, which holds a batch (OffPolicyConfig.validate)
             {"batch_size": 512, "learning_starts": 512, "buffer_size": 256},
             r"buffer_size = 256 is invalid: expected >= learning_starts \(512\)",
@@ -110,6 +112,20 @@ def test_a_range_that_is_no_pair_is_refused_when_the_config_is_built_directly():
     config.algo = "ddpg"
     with pytest.raises(ConfigError, match=r"expected a pair \[low, high\] of standard deviations"):
         config.validate()
+
+
+# -- a small actor initialisation ----------------------------------------------------------------------
+def test_a_small_actor_output_gain_starts_every_action_near_zero_and_the_default_is_unchanged():
+    obs = torch.rand(256, 3) * 2 - 1
+    default, small = td3(), td3(actor_output_gain=0.01)
+    assert small.act(obs).abs().max() < 0.05
+    assert default.act(obs).abs().max() > 0.2  # gain 1: actions well away from 0
+    torch.manual_seed(0)  # the default builds exactly the actor it built before the option existed
+    before = nn.Sequential(mlp(3, (16, 16), 2, "relu"), nn.Tanh())
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(default.actor.state_dict().values(), before.state_dict().values(), strict=True)
+    )
 
 
 def test_sac_samples_its_exploration_so_it_has_no_noise_range():

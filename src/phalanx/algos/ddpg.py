@@ -522,8 +522,9 @@ class DDPG(EnsembleCriticAlgorithm):
 
     def make_actor(self) -> nn.Module:
         config = self.config
+        gain = config.actor_output_gain
         return nn.Sequential(
-            mlp(self.obs_dim, config.hidden_sizes, self.action_dim, config.activation), nn.Tanh()
+            mlp(self.obs_dim, config.hidden_sizes, self.action_dim, config.activation, gain), nn.Tanh()
         )
 
     @torch.no_grad()

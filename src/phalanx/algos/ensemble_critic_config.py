@@ -104,10 +104,15 @@ class DDPGConfig(EnsembleCriticConfig):
     """Per-env noise (FastTD3's ``(0.001, 0.4)``): each sub-env's own standard deviation, spread evenly
     from low to high over the sub-envs (:class:`GaussianExploration`). It replaces exploration_noise,
     which is then not read. None: exploration_noise for every sub-env."""
+    actor_output_gain: float = 1.0
+    """Gain of the orthogonal initialisation of the actor's last layer. Small (FastTD3's 0.01) starts
+    every action near 0, away from the flat ends of the tanh, where a saturated actor gets almost no
+    gradient and can stay stuck; SAC's Gaussian head is always initialised at 0.01."""
 
     def validate(self, run: TrainConfig) -> None:
         super().validate(run)
         check(self.exploration_noise >= 0, "exploration_noise", self.exploration_noise, ">= 0")
+        check(self.actor_output_gain > 0, "actor_output_gain", self.actor_output_gain, "> 0, e.g. 0.01")
         name, spread = "exploration_noise_range", self.exploration_noise_range
         if spread is None:
             return
