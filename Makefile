@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/phalanx train ppo CartPole-v1 --num-envs 1024 --stop-return 475
 
+# The suite's test files shared out over TEST_WORKERS processes (pytest-xdist), each file in one.
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: venv
-	$(BIN)/python -m pytest -q -m ""
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m ""
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py
