@@ -84,6 +84,7 @@ class FlatAdamPopulation(VectorizedPopulation):
     lr_factor: float
     gradient_step: GradientStep | None
     gae: Callable[..., tuple[Tensor, Tensor]]
+    horizon: int
     _layout: SingleLayout
     _clips_gradients: bool
 
@@ -149,6 +150,30 @@ class FlatAdamPopulation(VectorizedPopulation):
 
     def _load_progress(self, progress: dict[str, float]) -> None:
         self.lr_factor = progress["lr_factor"]
+
+    def _gradient_steps(
+        self, progress: float, anneal_lr: bool
+    ) -> tuple[Tensor, Callable[[Tensor], None], Callable[..., Any] | None]:
+        """What this update steps with: the members' learning rates ``(P,)`` float64 (``lr_factor`` moved to
+        ``progress`` first, with ``anneal_lr``), the eager gradient step on a loss ``(P,)``
+        (:meth:`_minimise`) and the compiled one (None until :meth:`compile`)."""
+        if anneal_lr:
+            self.lr_factor = linear_decay(progress)
+        hp = self.hyperparameter_tensors  # (P,) each
+        learning_rate = hp["learning_rate"] * self.lr_factor
+        max_grad_norm = hp["max_grad_norm"].float()  # inf: no clipping
+        minimise = functools.partial(self._minimise, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
+        compiled_step = (
+            None
+            if self.gradient_step is None
+            else functools.partial(self.gradient_step, learning_rate=learning_rate)
+        )
+        return learning_rate, minimise, compiled_step
+
+    def _in_env_rows(self, values: Tensor) -> Tensor:
+        """Values ``(P, T * N)`` of the member sampler's flattening in the rollout's layout ``(T, P * N)``."""
+        members, horizon, num_envs = self.num_members, self.horizon, self.num_envs
+        return values.view(members, horizon, num_envs).transpose(0, 1).reshape(horizon, members * num_envs)
 
     def _minimise(self, loss: Tensor, learning_rate: Tensor, max_grad_norm: Tensor) -> None:
         """The eager gradient step of every member on its loss ``(P,)``: gradients, clipping per member
@@ -296,19 +321,15 @@ class VectorizedPPO(FlatAdamPopulation):
         :func:`member_loss`, gradient clipping per member and a VectorizedAdam step with a learning rate
         per member. The metrics, as PPO.update's, ``(P,)``."""
         config = _ppo_settings(self.config)
-        if config.anneal_lr:
-            self.lr_factor = linear_decay(progress)
+        learning_rate, minimise, compiled_step = self._gradient_steps(progress, config.anneal_lr)
         hp = self.hyperparameter_tensors  # (P,) each
-        learning_rate = hp["learning_rate"] * self.lr_factor  # (P,) float64
-        max_grad_norm = hp["max_grad_norm"].float()  # (P,), inf: no clipping
         rollout = self.buffer  # (T, P * N): the env's row layout
-        members, horizon, num_envs = self.num_members, self.horizon, self.num_envs
-        sampler = MemberSampler(members, num_envs, config.minibatch_size, self.generators, self.discrete)
+        num_envs = self.num_envs
+        sampler = MemberSampler(
+            self.num_members, num_envs, config.minibatch_size, self.generators, self.discrete
+        )
         with torch.no_grad():  # the value of each step's true next observation, in the env's row layout
-            next_values = self.value(sampler.flatten(rollout.next_obs))  # (P, T * N)
-            next_values = (
-                next_values.view(members, horizon, num_envs).transpose(0, 1).reshape_as(rollout.values)
-            )
+            next_values = self._in_env_rows(self.value(sampler.flatten(rollout.next_obs)))
         settings = update_settings(  # gamma and lambda: the members' values repeated for each of their rows
             config,
             gamma=hp["gamma"].float().repeat_interleave(num_envs),
@@ -316,17 +337,12 @@ class VectorizedPPO(FlatAdamPopulation):
             loss=self._loss_hyperparameters(),
             gae=self.gae,
         )
-        compiled_step = (
-            None
-            if self.gradient_step is None
-            else functools.partial(self.gradient_step, learning_rate=learning_rate)
-        )
         return ppo_update(
             rollout,
             next_values,
             sampler,
             self.loss_function(),
-            functools.partial(self._minimise, learning_rate=learning_rate, max_grad_norm=max_grad_norm),
+            minimise,
             settings,
             learning_rate.float(),
             compiled_step,

@@ -32,7 +32,6 @@ from phalanx.nets import EnsembleMLP
 from phalanx.optim import (
     VectorizedAdam,
     flatten_parameters,
-    linear_decay,
 )
 from phalanx.population.vectorized import FlatAdamPopulation, MemberSampler
 from phalanx.population.vectorized_base import SingleLayout, ensemble_linear_weights
@@ -181,19 +180,15 @@ class VectorizedPQN(FlatAdamPopulation):
         per member and a rectified VectorizedAdam step with a learning rate per member; then the epsilon
         schedules move. The metrics, as PQN.update's, ``(P,)``."""
         config = _pqn_settings(self.config)
-        if config.anneal_lr:
-            self.lr_factor = linear_decay(progress)
+        learning_rate, minimise, compiled_step = self._gradient_steps(progress, config.anneal_lr)
         hp = self.hyperparameter_tensors  # (P,) each
-        learning_rate = hp["learning_rate"] * self.lr_factor  # (P,) float64
-        max_grad_norm = hp["max_grad_norm"].float()  # (P,), inf: no clipping
         rollout = self.buffer  # (T, P * N): the env's row layout
-        members, horizon, num_envs = self.num_members, self.horizon, self.num_envs
-        sampler = MemberSampler(members, num_envs, config.minibatch_size, self.generators, discrete=True)
+        num_envs = self.num_envs
+        sampler = MemberSampler(
+            self.num_members, num_envs, config.minibatch_size, self.generators, discrete=True
+        )
         with torch.no_grad():  # max_a Q of each step's true next observation, in the env's row layout
-            next_values = self.q_network(sampler.flatten(rollout.next_obs)).amax(dim=-1)  # (P, T * N)
-            next_values = (
-                next_values.view(members, horizon, num_envs).transpose(0, 1).reshape_as(rollout.values)
-            )
+            next_values = self._in_env_rows(self.q_network(sampler.flatten(rollout.next_obs)).amax(dim=-1))
         settings = QLambdaSettings(  # gamma and lambda: the members' values repeated for each of their rows
             gamma=hp["gamma"].float().repeat_interleave(num_envs),
             q_lambda=hp["q_lambda"].float().repeat_interleave(num_envs),
@@ -201,17 +196,12 @@ class VectorizedPQN(FlatAdamPopulation):
             gae=self.gae,
             reward_scale=config.reward_scale,
         )
-        compiled_step = (
-            None
-            if self.gradient_step is None
-            else functools.partial(self.gradient_step, learning_rate=learning_rate)
-        )
         metrics = pqn_update(
             rollout,
             next_values,
             sampler,
             self.loss_function(),
-            functools.partial(self._minimise, learning_rate=learning_rate, max_grad_norm=max_grad_norm),
+            minimise,
             settings,
             compiled_step,
         )
